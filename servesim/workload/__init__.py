@@ -1,1 +1,73 @@
-"""servesim.workload."""
+"""Workloads: trace loaders, arrival processes and token-length distributions -> :class:`Workload`.
+
+Public API::
+
+    Workload, TraceMeta                      runtime result (numpy arrays)
+    WorkloadConfig                           pydantic union (type: trace | poisson | gamma | closed_loop)
+    build_workload(cfg, rng, base_dir)       config -> Workload
+    load_workload_config(path), load_workload(path, rng)
+    load_trace(path, format, rate_scale, start_s, duration_s, max_requests, bucket_policy)
+    read_trace(path, format)                 raw rows of a trace (cached)
+    poisson_arrivals, gamma_arrivals         arrival times (s)
+    LengthConfig and its members             fixed | uniform | lognormal | empirical, .build() -> sampler
+"""
+
+from __future__ import annotations
+
+from servesim.workload.arrivals import gamma_arrivals, poisson_arrivals, renewal_arrivals
+from servesim.workload.build import build_workload, load_workload, load_workload_config
+from servesim.workload.config import (
+    ClosedLoopWorkloadConfig,
+    GammaWorkloadConfig,
+    PoissonWorkloadConfig,
+    TraceWorkloadConfig,
+    WorkloadConfig,
+)
+from servesim.workload.lengths import (
+    EmpiricalLength,
+    EmpiricalLengthConfig,
+    EmpiricalPairs,
+    EmpiricalPairsConfig,
+    FixedLength,
+    FixedLengthConfig,
+    LengthConfig,
+    LengthDistribution,
+    LognormalLength,
+    LognormalLengthConfig,
+    UniformLength,
+    UniformLengthConfig,
+)
+from servesim.workload.rawtrace import RawTrace
+from servesim.workload.trace import load_trace, read_trace
+from servesim.workload.workload import TraceMeta, Workload
+
+__all__ = [
+    "ClosedLoopWorkloadConfig",
+    "EmpiricalLength",
+    "EmpiricalLengthConfig",
+    "EmpiricalPairs",
+    "EmpiricalPairsConfig",
+    "FixedLength",
+    "FixedLengthConfig",
+    "GammaWorkloadConfig",
+    "LengthConfig",
+    "LengthDistribution",
+    "LognormalLength",
+    "LognormalLengthConfig",
+    "PoissonWorkloadConfig",
+    "RawTrace",
+    "TraceMeta",
+    "TraceWorkloadConfig",
+    "UniformLength",
+    "UniformLengthConfig",
+    "Workload",
+    "WorkloadConfig",
+    "build_workload",
+    "gamma_arrivals",
+    "load_trace",
+    "load_workload",
+    "load_workload_config",
+    "poisson_arrivals",
+    "read_trace",
+    "renewal_arrivals",
+]

@@ -1,0 +1,71 @@
+"""``servesim calibrate``: fit a hardware card's efficiencies and per-step overhead to measured step times.
+
+``servesim calibrate --hardware h100-sxm --model llama-3.1-8b [--tp 1] --data FILE [--data FILE ...]
+--out CARD.yaml`` reads step-time CSVs (``benchmarks/measure_step_times.py``) and/or ``vllm bench serve
+--save-result`` JSON files, fits ``bandwidth_efficiency``, ``compute_efficiency`` and ``step_overhead_s``
+(:mod:`servesim.analysis.calibrate`, which documents the model, the fit and how to measure), prints the
+fitted factors, R^2 and the relative error of every step, and writes a new hardware card: a copy of the
+base card with the fitted fields and a comment block holding the fit quality. Use it as
+``hardware: path/to/CARD.yaml`` in a run config.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``calibrate`` options to ``parser``."""
+    parser.add_argument("--hardware", required=True, help="base hardware card: shipped name or YAML path")
+    parser.add_argument("--model", required=True, help="model card that was measured: name, YAML or config.json")
+    parser.add_argument("--tp", type=int, default=1, help="tensor_parallel_size of the measurement (default 1)")
+    parser.add_argument("--data", required=True, action="append", type=Path, metavar="FILE",
+                        help="step-time .csv or `vllm bench serve` result .json (repeatable)")
+    parser.add_argument("--out", type=Path, default=None, help="calibrated card YAML to write (default: print it)")
+    parser.add_argument("--quiet", action="store_true", help="print only the summary, not the per-step table")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``servesim calibrate``; returns the exit status.
+
+    Raises:
+        ConfigError: bad card, unreadable or malformed data (one line naming the file and line), ``--tp < 1``,
+        or an unwritable output file.
+    """
+    from servesim.analysis.calibrate import (
+        calibrated_card_yaml,
+        fit_step_times,
+        fit_summary,
+        fit_table,
+        read_step_data,
+    )
+    from servesim.cards import load_hardware, load_model
+    from servesim.errors import ConfigError
+
+    if args.tp < 1:
+        raise ConfigError(f"--tp: expected tensor_parallel_size >= 1 (got {args.tp})")
+    hardware = load_hardware(args.hardware, source="--hardware")
+    model = load_model(args.model, source="--model")
+    points = []
+    for path in args.data:
+        points.extend(read_step_data(path))
+    fit = fit_step_times(hardware, model, points, args.tp)
+    text = calibrated_card_yaml(hardware, fit, [str(p) for p in args.data], base_spec=str(args.hardware))
+    print(f"calibrated {hardware.name} for {model.name} (tensor_parallel_size {args.tp}) "
+          f"from {len(points)} measured steps")
+    if not args.quiet:
+        print("\n".join(fit_table(fit)))
+    print("\n".join(fit_summary(fit)))
+    if args.out is None:
+        print(text, end="")
+        return 0
+    try:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{args.out}: cannot write file ({exc.strerror})") from None
+    print(f"wrote {args.out}")
+    return 0

@@ -1,0 +1,150 @@
+"""Hardware card: one accelerator's vendor peaks and servesim's calibration factors.
+
+The peaks are the vendor's DENSE numbers (no 2:4 sparsity) at boost clock, from
+``shared/data/reference/gpus.csv`` (NVIDIA, AMD and Intel datasheets; see ``hardware/README.md``). What a
+real server reaches is modelled by separate, named calibration fields, never folded into the peaks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servesim.errors import ConfigError
+
+#: Compute types a card may list a peak for.
+ComputeDtype = Literal["bf16", "fp16", "fp8", "int8"]
+
+_GIB = 2**30
+
+
+def vllm_default_scheduler_limits(name: str, memory_bytes: float) -> tuple[int, int]:
+    """vLLM's OpenAI-API-server defaults ``(max_num_batched_tokens, max_num_seqs)`` for one GPU.
+
+    Rule (``vllm/engine/arg_utils.py``, summarised in ``shared/data/reference/vllm-semantics.md``):
+    >= 160 GiB of device memory (B200, MI300X, MI325X): 16384 / 1024; >= 70 GiB and not an A100 (H100,
+    H200, Gaudi 3): 8192 / 1024; otherwise (A100, L40S, L4 and smaller): 2048 / 256.
+
+    Args:
+        name: the GPU's display name (only checked for "A100").
+        memory_bytes: device memory in bytes.
+    """
+    gib = memory_bytes / _GIB
+    if gib >= 160:
+        return 16384, 1024
+    if gib >= 70 and "a100" not in name.lower():
+        return 8192, 1024
+    return 2048, 256
+
+
+class HardwareCard(BaseModel):
+    """One accelerator (a single GPU): vendor peaks plus calibration factors.
+
+    All quantities are per GPU, in bytes, bytes/s, FLOP/s and seconds.
+
+    Raises (on validation):
+        pydantic.ValidationError: a missing or out-of-range field (wrapped into a one-line ``ConfigError``
+        by :func:`servesim.config.loading.validate`).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Display name, e.g. 'H100 SXM'.")
+    vendor: str = Field(description="NVIDIA, AMD, Intel, ...")
+    memory_bytes: float = Field(gt=0, description="Device memory in bytes (vendor GB x 1e9).")
+    memory_bandwidth_bytes_per_s: float = Field(gt=0, description="Peak HBM/GDDR bandwidth in bytes/s.")
+    peak_flops_per_s: dict[ComputeDtype, float] = Field(
+        min_length=1,
+        description="Dense (no 2:4 sparsity) tensor-core peak FLOP/s (OP/s for int8) per compute type; "
+        "types the GPU does not support are absent (no fp8 on A100).",
+    )
+    interconnect_bandwidth_bytes_per_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="Scale-up link (NVLink, Infinity Fabric, RoCE) bandwidth in bytes/s, the BIDIRECTIONAL "
+        "total as the vendor states it (per direction is half: NVLink 4's 900e9 is 450e9 each way). None: "
+        "no scale-up link (L40S, L4); tensor parallelism over PCIe is not described by this card.",
+    )
+    bandwidth_efficiency: float = Field(
+        default=0.80,
+        gt=0,
+        le=1,
+        description="Share of peak memory bandwidth reached reading weights and KV cache "
+        "(Vidur's profiled H100 GEMMs reach 0.63-0.86 at <= 64 tokens).",
+    )
+    compute_efficiency: float = Field(
+        default=0.70,
+        gt=0,
+        le=1,
+        description="Share of peak FLOP/s reached by large GEMMs (Vidur: 0.70-0.86 at >= 1024 tokens).",
+    )
+    step_overhead_s: float = Field(
+        default=1.45e-3,
+        ge=0,
+        description="Per-step CPU/engine overhead in seconds. 1.45e-3 makes Llama-3.1-8B BF16 on an H100 "
+        "SXM decode at ~7.5 ms/step at batch 1 (vLLM PR 16937: 133 tok/s): 16.06e9 B / (3.35e12 B/s x "
+        "0.80) = 5.99 ms + 1.45 ms; vLLM V1 blog: 1-1.5 ms. Same value on other GPUs (no better source).",
+    )
+    interconnect_efficiency: float = Field(
+        default=0.70,
+        gt=0,
+        le=1,
+        description="Share of the per-direction interconnect bandwidth reached by all-reduce.",
+    )
+    allreduce_latency_s: float = Field(
+        default=10e-6, ge=0, description="Fixed latency of one all-reduce in seconds."
+    )
+    default_max_num_batched_tokens: int = Field(
+        gt=0,
+        description="vLLM OpenAI API server's default token budget per step on this GPU "
+        "(filled from vllm_default_scheduler_limits when absent).",
+    )
+    default_max_num_seqs: int = Field(
+        gt=0,
+        description="vLLM OpenAI API server's default max running requests on this GPU "
+        "(filled from vllm_default_scheduler_limits when absent).",
+    )
+    source: str = Field(default="", description="Where the numbers come from.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_vllm_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and (
+            "default_max_num_batched_tokens" not in data or "default_max_num_seqs" not in data
+        ):
+            mem = data.get("memory_bytes")
+            if isinstance(mem, (int, float)) and mem > 0:
+                tokens, seqs = vllm_default_scheduler_limits(str(data.get("name", "")), float(mem))
+                data = {
+                    "default_max_num_batched_tokens": tokens,
+                    "default_max_num_seqs": seqs,
+                    **data,
+                }
+        return data
+
+    def peak_flops(self, dtype: str) -> float:
+        """Dense peak FLOP/s for compute type ``dtype`` (``bf16``, ``fp16``, ``fp8``, ``int8``).
+
+        Raises:
+            ConfigError: the card lists no peak for ``dtype`` (e.g. fp8 on an A100).
+        """
+        try:
+            return self.peak_flops_per_s[dtype]  # type: ignore[index]
+        except KeyError:
+            have = ", ".join(sorted(self.peak_flops_per_s))
+            raise ConfigError(
+                f"hardware card {self.name!r}: peak_flops_per_s: no entry for {dtype!r} (has {have})"
+            ) from None
+
+    @property
+    def interconnect_bandwidth_per_direction_bytes_per_s(self) -> float | None:
+        """Per-direction scale-up bandwidth in bytes/s (half the bidirectional total), or None."""
+        if self.interconnect_bandwidth_bytes_per_s is None:
+            return None
+        return self.interconnect_bandwidth_bytes_per_s / 2.0
+
+    @property
+    def effective_memory_bandwidth_bytes_per_s(self) -> float:
+        """``memory_bandwidth_bytes_per_s x bandwidth_efficiency`` in bytes/s."""
+        return self.memory_bandwidth_bytes_per_s * self.bandwidth_efficiency

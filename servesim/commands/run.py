@@ -1,0 +1,79 @@
+"""``servesim run CONFIG.yaml --out DIR``: simulate one config and write its results.
+
+Writes ``DIR/summary.json``, ``DIR/requests.csv``, ``DIR/steps.csv`` and (unless ``--no-plot``)
+``DIR/latency.png``, and prints a short summary table. pandas and matplotlib are not imported on the
+``--no-plot`` path: their imports alone cost more than simulating a 19,000-request trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("config", help="run config (YAML)")
+    parser.add_argument("--out", required=True, help="output folder (created if missing)")
+    parser.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value by dotted key, e.g. --set engine.max_num_seqs=128 (repeatable)",
+    )
+    parser.add_argument(
+        "--speculative-config",
+        default=None,
+        metavar="JSON",
+        help="vLLM's --speculative-config JSON, e.g. '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'",
+    )
+    parser.add_argument("--no-plot", action="store_true", help="skip latency.png (faster)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+
+
+def parse_overrides(assignments: list[str], speculative_json: str | None) -> dict:
+    """Turn ``--set`` assignments and ``--speculative-config`` into a dict of dotted overrides."""
+    from servesim.config.overrides import parse_assignment
+    from servesim.errors import ConfigError
+
+    overrides = {}
+    for text in assignments:
+        key, value = parse_assignment(text)
+        overrides[key] = value
+    if speculative_json is not None:
+        try:
+            spec = json.loads(speculative_json)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"--speculative-config: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        if not isinstance(spec, dict):
+            raise ConfigError("--speculative-config: expected a JSON object")
+        overrides["speculative_config"] = spec
+    return overrides
+
+
+def run(args: argparse.Namespace) -> int:
+    from servesim.config.models import load_config
+    from servesim.metrics import format_summary_table, write_outputs
+    from servesim.api import simulate
+
+    cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config))
+    result = simulate(cfg, seed=args.seed, base_dir=folder)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = dict(result.summary)
+    summary["setup"] = result.info
+    summary["seed"] = cfg.seed if args.seed is None else args.seed
+    write_outputs(result.output, summary, out_dir)
+    if not args.no_plot:
+        from servesim.plots.latency import plot_latency
+
+        plot_latency(result.output, summary, out_dir / "latency.png")
+    if not args.quiet:
+        print(format_summary_table(summary))
+        print(f"wrote {out_dir}/summary.json, requests.csv, steps.csv" + ("" if args.no_plot else ", latency.png"))
+    sys.stdout.flush()
+    return 0

@@ -1,0 +1,131 @@
+"""The run config a user writes (YAML or Python), as pydantic models.
+
+A run config names the hardware, the model, the engine settings (vLLM's names, vLLM's defaults), the
+step-time model, the workload and the SLOs. Example::
+
+    hardware: h100-sxm               # a card in hardware/gpus/, a YAML path, or an inline mapping
+    model: llama-3.1-8b              # a card in hardware/models/, a YAML path, a HF config.json, or inline
+    tensor_parallel_size: 1
+    engine: {max_num_seqs: 256}      # unset keys take vLLM's API-server defaults for that GPU
+    workload: {type: trace, path: ../workloads/traces/AzureLLMInferenceTrace_conv.csv}
+    slo: {ttft_s: 0.5, tpot_s: 0.05}
+    seed: 0
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servesim.workload import WorkloadConfig
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EngineConfig(_Strict):
+    """vLLM engine settings, with vLLM's names and semantics.
+
+    Attributes:
+        max_num_seqs: most requests running at once; default: vLLM's API-server default for the GPU.
+        max_num_batched_tokens: token budget per step; default: vLLM's API-server default for the GPU.
+        block_size: tokens per KV-cache block (vLLM default 16).
+        gpu_memory_utilization: share of each GPU's memory vLLM may use (vLLM 0.20+ default 0.92).
+        enable_chunked_prefill: split long prompts over steps (vLLM V1 default on).
+        num_gpu_blocks_override: fix the KV-cache size in blocks instead of deriving it from memory.
+        activation_reserve_bytes: per-GPU bytes kept for activations, sampler and CUDA graphs; default:
+            derived from the model and the token budget (see :mod:`servesim.engine.kv_cache`).
+        max_model_len: longest prompt + output a request may have (tokens); default: the model card's.
+    """
+
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    block_size: int = Field(default=16, ge=1)
+    gpu_memory_utilization: float = Field(default=0.92, gt=0.0, le=1.0)
+    enable_chunked_prefill: bool = True
+    num_gpu_blocks_override: int | None = Field(default=None, ge=1)
+    activation_reserve_bytes: float | None = Field(default=None, ge=0.0)
+    max_model_len: int | None = Field(default=None, ge=1)
+
+
+class RooflineConfig(_Strict):
+    """Step-time model settings.
+
+    Attributes:
+        mode: ``calibrated`` (the card's efficiency factors and overhead, KV and attention terms) or
+            ``ideal`` (the seed lesson's Example 12: efficiency 1, no overhead, no KV traffic).
+        bandwidth_efficiency, compute_efficiency, step_overhead_s: override the hardware card's values.
+    """
+
+    mode: Literal["calibrated", "ideal"] = "calibrated"
+    bandwidth_efficiency: float | None = Field(default=None, gt=0.0, le=1.0)
+    compute_efficiency: float | None = Field(default=None, gt=0.0, le=1.0)
+    step_overhead_s: float | None = Field(default=None, ge=0.0)
+
+
+class SloConfig(_Strict):
+    """Service-level objectives for goodput: a request is good if it meets every SLO given (s)."""
+
+    ttft_s: float | None = Field(default=None, gt=0.0)
+    tpot_s: float | None = Field(default=None, gt=0.0)
+
+
+class SimulationConfig(_Strict):
+    """How to simulate.
+
+    Attributes:
+        mode: ``run`` (advance runs of identical decode steps at once; default) or ``step`` (one engine
+            step at a time; slower, same results bit for bit: the check that keeps ``run`` honest).
+        max_time_s: stop at the first step boundary after this simulated time (s); unfinished requests
+            are reported as such.
+    """
+
+    mode: Literal["run", "step"] = "run"
+    max_time_s: float | None = Field(default=None, gt=0.0)
+
+
+class SimConfig(_Strict):
+    """A whole run config: hardware, model, engine, step-time model, workload, SLOs, seed."""
+
+    name: str | None = None
+    hardware: str | dict[str, Any]
+    model: str | dict[str, Any]
+    tensor_parallel_size: int = Field(default=1, ge=1)
+    engine: EngineConfig = EngineConfig()
+    roofline: RooflineConfig = RooflineConfig()
+    workload: WorkloadConfig
+    slo: SloConfig | None = None
+    seed: int = Field(default=0, ge=0)
+    simulation: SimulationConfig = SimulationConfig()
+    speculative_config: dict[str, Any] | None = None
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[SimConfig, Path]:
+    """Read and validate a run config file.
+
+    Args:
+        path: the YAML file.
+        overrides: dotted keys to set before validation (``{"engine.max_num_seqs": 64}``), as
+            ``servesim run --set`` does.
+
+    Returns:
+        (config, folder of the file): relative paths inside the config resolve against that folder.
+
+    Raises:
+        ConfigError: unreadable file, invalid YAML, or a field that fails validation (one line).
+    """
+    from servesim.config.loading import load_yaml, validate
+    from servesim.config.overrides import set_dotted
+
+    p = Path(path)
+    data = load_yaml(p)
+    if data is not None and not isinstance(data, dict):
+        from servesim.errors import ConfigError
+
+        raise ConfigError(f"{p}: expected a mapping of config keys at the top level")
+    for key, value in (overrides or {}).items():
+        data = set_dotted(data or {}, key, value)
+    return validate(SimConfig, data, str(p)), p.resolve().parent

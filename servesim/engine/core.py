@@ -1,0 +1,629 @@
+"""The engine of one model replica: vLLM V1 scheduling over a paged KV cache, advanced by SimPy.
+
+Scheduling follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``, see ``vllm-semantics.md``):
+
+* every step walks the RUNNING requests in admission order, giving each the tokens it still has to
+  compute (``prompt + generated - num_computed``: 1 for a decoding request, a chunk of the prompt for a
+  prefilling one) capped by what is left of the token budget ``max_num_batched_tokens``;
+* each scheduled request gets the KV blocks for ``num_computed + num_new`` tokens; when the pool is empty
+  the most recently admitted running request is preempted (recompute: its blocks are freed, its computed
+  tokens reset to 0, it goes to the FRONT of the waiting queue), and if that victim is the request being
+  scheduled, scheduling of running requests stops for this step;
+* then, only if nobody was preempted in this step, WAITING requests are admitted in FCFS order while
+  budget is left and fewer than ``max_num_seqs`` run, each only if its whole prompt fits in the free blocks
+  (``scheduler_reserve_full_isl``); with chunked prefill a prompt takes whatever budget is left;
+* a request whose computed tokens reach its known tokens samples one token at the end of the step;
+  a finished request frees its blocks at the end of the step.
+
+Two modes produce the same result, bit for bit (all times are integer picoseconds):
+
+* ``step``: the plain loop above, one engine step per SimPy timeout, per-request state in lists.
+* ``run`` (default): decoding requests are kept in aggregate (how many there are, the sum of their
+  contexts, how many cross a block boundary at each step phase, a heap of their finishing steps). A step
+  with prefill or admission costs O(requests it touches), and a run of identical decode steps up to the
+  next event (an arrival that could be admitted, a request that finishes, a block allocation that would
+  fail) is advanced in O(1) with the closed-form sum of its step times. Rare events that need the
+  per-request order (preemption, a token budget smaller than the decoding batch) materialise the
+  per-request state and run the plain step.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+
+import numpy as np
+
+from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.output import EngineOutput, RequestLog, StepLog
+from servesim.roofline import PS_PER_S, StepTimeModel
+
+
+class Engine:
+    """One replica's scheduler, KV-block pool and step clock.
+
+    Args:
+        prompt_tokens: int array (N,), prompt length of each request (tokens, >= 1).
+        output_tokens: int array (N,), tokens each request generates (>= 1).
+        arrivals: the :class:`ArrivalSource` releasing requests ``0..N-1``.
+        step_time: the integer-picosecond step-time model.
+        kv_blocks_total: KV-cache capacity (blocks).
+        block_size: tokens per KV block.
+        max_num_seqs: most requests running at once (vLLM ``max_num_seqs``).
+        max_num_batched_tokens: token budget per step (vLLM ``max_num_batched_tokens``).
+        enable_chunked_prefill: if False a prompt is admitted only when it fits the remaining budget whole.
+        mode: ``"run"`` (fast, default) or ``"step"`` (one step at a time).
+        max_time_s: stop the simulation at the first step boundary at or after this time (s); None = never.
+
+    Raises:
+        ValueError: a request can never be served (its tokens exceed the KV cache or, without chunked
+            prefill, its prompt exceeds the token budget), or a setting is out of range.
+    """
+
+    def __init__(
+        self,
+        *,
+        prompt_tokens,
+        output_tokens,
+        arrivals: ArrivalSource,
+        step_time: StepTimeModel,
+        kv_blocks_total: int,
+        block_size: int,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        enable_chunked_prefill: bool = True,
+        mode: str = "run",
+        max_time_s: float | None = None,
+    ) -> None:
+        if mode not in ("run", "step"):
+            raise ValueError(f"unknown engine mode {mode!r} (expected 'run' or 'step')")
+        if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 or kv_blocks_total < 1:
+            raise ValueError("block_size, max_num_seqs, max_num_batched_tokens and KV blocks must be >= 1")
+        self.P = [int(x) for x in np.asarray(prompt_tokens).tolist()]
+        self.O = [int(x) for x in np.asarray(output_tokens).tolist()]
+        n = len(self.P)
+        self.n = n
+        self.arrivals = arrivals
+        self.st = step_time
+        self.bs = int(block_size)
+        self.M = int(max_num_batched_tokens)
+        self.max_seqs = int(max_num_seqs)
+        self.chunked = bool(enable_chunked_prefill)
+        self.mode = mode
+        self.total_blocks = int(kv_blocks_total)
+        self.max_time_ps = None if max_time_s is None else round(max_time_s * PS_PER_S)
+        bs = self.bs
+        if n:
+            longest = max(p + o for p, o in zip(self.P, self.O))
+            if -(-longest // bs) > self.total_blocks:
+                raise ValueError(
+                    f"a request of {longest} tokens (prompt + output) needs more KV blocks than the cache holds "
+                    f"({self.total_blocks} blocks of {bs} tokens): it could never be served"
+                )
+            if not self.chunked and longest > self.M:
+                raise ValueError(
+                    f"a request of {longest} tokens (prompt + output) exceeds max_num_batched_tokens={self.M} "
+                    "with chunked prefill disabled: after a preemption it could never be recomputed "
+                    "(vLLM requires max_num_batched_tokens >= max_model_len without chunked prefill)"
+                )
+        # Per-request state (materialised: always valid for non-decoders, for decoders in step mode).
+        self.nc = [0] * n  # num_computed_tokens
+        self.gen = [0] * n  # generated (sampled) tokens
+        self.blk = [0] * n  # KV blocks held
+        self.last_emit = [-1] * n  # ps of the last token emission
+        # Records (ps; -1 = not yet).
+        self.arr = [-1] * n
+        self.first_sched = [-1] * n
+        self.first_tok = [-1] * n
+        self.fin = [-1] * n
+        self.npre = [0] * n
+        # Queues.
+        self.running: dict[int, None] = {}  # admission order
+        self.waiting: deque[int] = deque()
+        self.free = self.total_blocks
+        self.now = 0
+        self.G = 0  # index of the next engine step
+        self.finished = 0
+        # Aggregated decoders (run mode).
+        self.partial: int | None = None
+        self.B = 0  # number of aggregated decoders
+        self.A = 0  # sum of a_r: decoder r needs a_r + g KV slots (its context) at step g
+        self.cnt = [0] * bs  # decoders per residue a_r mod block_size
+        self.heap: list[tuple[int, int]] = []  # (step at which it emits its last token, request)
+        self.a = [0] * n
+        self.g0 = [0] * n
+        self.e0 = [0] * n
+        self.stale: dict[int, int] = {}  # decoders whose last emission was not at the previous step's end
+        self.fing = [-1] * n  # step at which aggregated decoder r emits its last token; -1 if not one
+        # Step log: one tuple per step or run (start, steps, first duration, increment, duration, batch,
+        # tokens, prefill tokens, ITL samples per step, KV blocks used, waiting, preempted), in ps.
+        self.rows: list[tuple] = []
+        self.extra_itl: list[int] = []
+        self._arrived: list[tuple[int, int]] = []
+
+    # ------------------------------------------------------------------ SimPy process
+    def process(self, env):
+        """The replica's SimPy process: one timeout per engine step or run of identical steps."""
+        arrivals = self.arrivals
+        while True:
+            self._pull_arrivals()
+            if not self.running and not self.waiting:
+                t = arrivals.next_time()
+                if t is None:
+                    break
+                if self.max_time_ps is not None and t >= self.max_time_ps:
+                    break
+                yield env.timeout((t - self.now) / PS_PER_S)
+                self.now = t
+                continue
+            if self.max_time_ps is not None and self.now >= self.max_time_ps:
+                break
+            t0 = self.now
+            if self.mode == "step":
+                self._explicit_step()
+            else:
+                self._fast_step()
+            yield env.timeout((self.now - t0) / PS_PER_S)
+
+    def _pull_arrivals(self) -> None:
+        got = self._arrived
+        self.arrivals.pop_until(self.now, got)
+        if got:
+            arr, waiting = self.arr, self.waiting
+            for r, t in got:
+                arr[r] = t
+                waiting.append(r)
+            got.clear()
+
+    # ------------------------------------------------------------------ shared pieces
+    def _admit(self, t0: int, budget: int, free: int, nrun: int, sched: list) -> tuple[int, int]:
+        """Admit waiting requests (FCFS) into ``sched``; returns (budget, free) left."""
+        waiting, P, gen, blk, bs = self.waiting, self.P, self.gen, self.blk, self.bs
+        running, first_sched = self.running, self.first_sched
+        while waiting and budget > 0 and nrun < self.max_seqs:
+            r = waiting[0]
+            total = P[r] + gen[r]
+            if -(-total // bs) > free:
+                break
+            n = total if total < budget else budget
+            if n < total and not self.chunked:
+                break
+            need = -(-n // bs)
+            free -= need
+            blk[r] = need
+            waiting.popleft()
+            running[r] = None
+            nrun += 1
+            sched.append((r, n))
+            budget -= n
+            if first_sched[r] < 0:
+                first_sched[r] = t0
+        return budget, free
+
+    def _stalled(self) -> None:
+        # Nothing could be scheduled although requests wait: no later step could differ, so the run
+        # would loop for ever. The constructor's checks make this unreachable for valid settings.
+        raise ValueError(
+            f"engine stalled at t={self.now / PS_PER_S:.6f} s: {len(self.waiting)} waiting request(s) can never "
+            "be scheduled with these settings"
+        )
+
+    def _emit(self, r: int, t0: int, t1: int) -> bool:
+        """Request ``r`` samples a token at ``t1``; returns True if it finished."""
+        g = self.gen[r]
+        if g == 0:
+            self.first_tok[r] = t1
+        elif self.last_emit[r] != t0:
+            self.extra_itl.append(t1 - self.last_emit[r])
+        self.gen[r] = g + 1
+        self.last_emit[r] = t1
+        if g + 1 >= self.O[r]:
+            self._finish(r, t1)
+            return True
+        return False
+
+    def _finish(self, r: int, t1: int) -> None:
+        self.free += self.blk[r]
+        self.blk[r] = 0
+        del self.running[r]
+        self.fin[r] = t1
+        self.finished += 1
+        self.arrivals.on_finish(t1)
+
+    # ------------------------------------------------------------------ the plain step (step mode)
+    def _explicit_step(self) -> None:
+        """One vLLM V1 engine step on per-request state."""
+        P, gen, nc, blk, bs = self.P, self.gen, self.nc, self.blk, self.bs
+        running, waiting = self.running, self.waiting
+        t0 = self.now
+        nwait = len(waiting)
+        budget = self.M
+        free = self.free
+        sched: list[tuple[int, int]] = []
+        preempted = 0
+        order = list(running)
+        idx = 0
+        while idx < len(order) and budget > 0:
+            r = order[idx]
+            n = P[r] + gen[r] - nc[r]
+            if n > budget:
+                n = budget
+            need = -(-(nc[r] + n) // bs)
+            stop = False
+            while need - blk[r] > free:
+                victim = order.pop()
+                del running[victim]
+                free += blk[victim]
+                blk[victim] = 0
+                nc[victim] = 0
+                self.npre[victim] += 1
+                waiting.appendleft(victim)
+                preempted += 1
+                if victim == r:
+                    stop = True
+                    break
+            if stop:
+                break
+            free -= need - blk[r]
+            blk[r] = need
+            sched.append((r, n))
+            budget -= n
+            idx += 1
+        if not preempted:
+            budget, free = self._admit(t0, budget, free, len(running), sched)
+        self.free = free
+        if not sched:
+            self._stalled()
+        # Step time.
+        tokens = logits = kv = pairs = prefill = 0
+        for r, n in sched:
+            c = nc[r]
+            tokens += n
+            kv += c + n
+            pairs += n * c + n * (n + 1) // 2
+            if c + n == P[r] + gen[r]:
+                logits += 1
+            if not (n == 1 and gen[r] >= 1 and c == P[r] + gen[r] - 1):
+                prefill += n
+        d = self.st.step_ps(tokens, logits, kv, pairs)
+        t1 = t0 + d
+        used = self.total_blocks - free
+        itl = 0
+        for r, n in sched:
+            nc[r] += n
+            if nc[r] == P[r] + gen[r]:
+                if gen[r] >= 1 and self.last_emit[r] == t0:
+                    itl += 1
+                self._emit(r, t0, t1)
+        self.now = t1
+        self.G += 1
+        self.rows.append((t0, 1, d, 0, d, len(sched), tokens, prefill, itl, used, nwait, preempted))
+
+    # ------------------------------------------------------------------ aggregated decoders (run mode)
+    def _join(self, r: int, g_next: int) -> None:
+        """Make running request ``r`` (all its known tokens computed but the last) an aggregated decoder."""
+        a = self.nc[r] + 1 - g_next
+        self.a[r] = a
+        self.g0[r] = g_next
+        self.e0[r] = self.gen[r]
+        self.cnt[a % self.bs] += 1
+        self.A += a
+        self.B += 1
+        fin = g_next + self.O[r] - self.gen[r] - 1
+        self.fing[r] = fin
+        heapq.heappush(self.heap, (fin, r))
+
+    def _leave(self, r: int, g: int) -> int:
+        """Remove decoder ``r`` from the aggregate at step ``g``; write back its state; return its blocks."""
+        a = self.a[r]
+        self.cnt[a % self.bs] -= 1
+        self.A -= a
+        self.B -= 1
+        self.fing[r] = -1  # its heap entry is now stale and skipped
+        c = a + g - 1
+        self.nc[r] = c
+        self.gen[r] = self.e0[r] + (g - self.g0[r])
+        blocks = -(-c // self.bs)
+        self.blk[r] = blocks
+        return blocks
+
+    def _materialize(self) -> None:
+        """Write the aggregated decoders' state back to the per-request lists (at step ``self.G``)."""
+        g, now, stale, last = self.G, self.now, self.stale, self.last_emit
+        for r in self.running:
+            if r != self.partial:
+                self._leave(r, g)
+                last[r] = stale.get(r, now)
+        self.heap = []
+        self.stale = {}
+        self.partial = None
+
+    def _aggregate(self) -> None:
+        """Rebuild the aggregate from the per-request lists (after a plain step)."""
+        P, gen, nc, now, last = self.P, self.gen, self.nc, self.now, self.last_emit
+        for r in self.running:
+            if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:
+                self._join(r, self.G)
+                if last[r] != now:
+                    self.stale[r] = last[r]
+            else:
+                if self.partial is not None:  # pragma: no cover - guards the invariant below
+                    raise RuntimeError("engine invariant broken: two running requests are mid-prefill")
+                self.partial = r  # at most one, the last admitted (see the module docstring)
+
+    def _next_finish(self) -> int:
+        """Step at which the first aggregated decoder emits its last token (skips stale heap entries)."""
+        heap, fing = self.heap, self.fing
+        while fing[heap[0][1]] != heap[0][0]:
+            heapq.heappop(heap)
+        return heap[0][0]
+
+    def _decode_blocks(self, g: int, m: int) -> int:
+        """New KV blocks the aggregated decoders need over steps g .. g+m-1."""
+        bs, cnt = self.bs, self.cnt
+        full, rem = divmod(m, bs)
+        total = full * self.B
+        for j in range(rem):
+            total += cnt[(1 - g - j) % bs]
+        return total
+
+    def _max_decode_steps(self, g: int, free: int) -> int:
+        """Most consecutive decode steps from step g whose block allocations all fit in ``free`` blocks."""
+        B, bs, cnt = self.B, self.bs, self.cnt
+        full = free // B
+        left = free - full * B
+        j = 0
+        while j < bs:
+            need = cnt[(1 - g - j) % bs]
+            if need > left:
+                break
+            left -= need
+            j += 1
+        return full * bs + j
+
+    def _fast_step(self) -> None:
+        """Advance by one step, or by a whole run of identical decode steps (run mode)."""
+        B = self.B
+        budget = self.M - B
+        if budget < 0:  # the token budget cannot serve every decoder: per-request order matters
+            self._materialize()
+            self._explicit_step()
+            self._aggregate()
+            return
+        g = self.G
+        bs = self.bs
+        nb = self.cnt[(1 - g) % bs] if B else 0
+        if self.partial is None and B and nb <= self.free:
+            waiting = self.waiting
+            blocked = True
+            if waiting and budget > 0 and len(self.running) < self.max_seqs:
+                h = waiting[0]
+                total = self.P[h] + self.gen[h]
+                blocked = -(-total // bs) > self.free - nb or (not self.chunked and total > budget)
+            if blocked:
+                self._decode_run(g, B)
+                return
+        self._mixed_step(g, budget, nb)
+
+    def _decode_run(self, g: int, B: int) -> None:
+        """A run of decode-only steps up to the next event, in O(1)."""
+        t0 = self.now
+        K = self.st.decode_ps_per_token
+        d0 = self.st.base_ps(B, B) + K * (self.A + B * g)
+        inc = K * B
+        n = self._next_finish() - g + 1  # up to the step where the first decoder finishes
+        if self.stale:
+            n = 1
+        if n > 1:
+            limits = []
+            if not self.waiting:
+                t_a = self.arrivals.next_time()
+                if t_a is not None:
+                    limits.append(t_a)
+            if self.max_time_ps is not None:
+                limits.append(self.max_time_ps)
+            for t_lim in limits:
+                if t0 + n * d0 + inc * (n * (n - 1) // 2) >= t_lim:
+                    n = self._steps_to_reach(t_lim - t0, d0, inc, n)
+            if n > 1 and (n // self.bs + 1) * B > self.free:
+                n = min(n, self._max_decode_steps(g, self.free))
+        nb = self._decode_blocks(g, n)
+        dur = n * d0 + inc * (n * (n - 1) // 2)
+        t1 = t0 + dur
+        self.free -= nb
+        used = self.total_blocks - self.free
+        itl = B
+        if self.stale:
+            first_end = t0 + d0
+            for last in self.stale.values():
+                self.extra_itl.append(first_end - last)
+            itl -= len(self.stale)
+            self.stale = {}
+        self.now = t1
+        self.G = g + n
+        self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0))
+        self._finish_decoders(g + n - 1, t1)
+
+    @staticmethod
+    def _steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
+        """Smallest m in [1, n_max] with m*d0 + inc*m(m-1)/2 >= span (span > 0)."""
+        if inc == 0:
+            m = -(-span // d0)
+        else:
+            # Solve inc/2 m^2 + (d0 - inc/2) m - span = 0, then correct the float estimate exactly.
+            b = d0 - inc / 2.0
+            m = max(int((-b + (b * b + 2.0 * inc * span) ** 0.5) / inc), 1)
+            while m > 1 and (m - 1) * d0 + inc * ((m - 1) * (m - 2) // 2) >= span:
+                m -= 1
+            while m * d0 + inc * (m * (m - 1) // 2) < span:
+                m += 1
+        return max(1, min(m, n_max))
+
+    def _finish_decoders(self, g_last: int, t1: int) -> None:
+        heap, fing = self.heap, self.fing
+        while heap and heap[0][0] == g_last:
+            _, r = heapq.heappop(heap)
+            if fing[r] != g_last:
+                continue  # stale entry of a preempted decoder
+            self._leave(r, g_last + 1)
+            self.gen[r] = self.O[r]
+            self.last_emit[r] = t1
+            self._finish(r, t1)
+
+    def _preempt_aggregated(self, g: int, nb: int, need_p: int, p_scheduled: bool) -> tuple[int, int, bool]:
+        """vLLM's preemption when the step's allocations do not fit, on the aggregate.
+
+        Decoders allocate in admission order and the partial prefill (always last) after them; whenever an
+        allocation fails the LAST running request is preempted. So the victims are a suffix of the running
+        order: the partial prefill first (if the decoders alone do not fit, or it does not fit after them),
+        then decoders from the most recently admitted, until the remaining decoders' new blocks fit.
+
+        Returns:
+            (preempted count, new blocks still needed by the remaining decoders, partial still scheduled).
+        """
+        bs, now = self.bs, self.now
+        free = self.free
+        victims = []
+        p = self.partial
+        if p is not None and (nb > free or (p_scheduled and nb + need_p > free)):
+            victims.append(p)
+            free += self.blk[p]
+            self.partial = None
+            p_scheduled = False
+        if nb > free:
+            phase = (1 - g) % bs
+            for v in reversed(self.running):
+                if v == p:
+                    continue
+                last = self.stale.pop(v, now)
+                a = self.a[v]
+                if a % bs == phase:
+                    nb -= 1
+                free += self._leave(v, g)
+                self.last_emit[v] = last
+                victims.append(v)
+                if nb <= free:
+                    break
+        for v in victims:
+            del self.running[v]
+            self.blk[v] = 0
+            self.nc[v] = 0
+            self.npre[v] += 1
+            self.waiting.appendleft(v)
+        self.free = free
+        return len(victims), nb, p_scheduled
+
+    def _mixed_step(self, g: int, budget: int, nb: int) -> None:
+        """One step: aggregated decoders plus the partial prefill and admissions, O(touched requests)."""
+        P, gen, nc, blk, bs = self.P, self.gen, self.nc, self.blk, self.bs
+        t0 = self.now
+        nwait = len(self.waiting)
+        sched: list[tuple[int, int]] = []
+        p = self.partial
+        n_p = need_p = 0
+        p_scheduled = p is not None and budget > 0
+        if p_scheduled:
+            n_p = P[p] + gen[p] - nc[p]
+            if n_p > budget:
+                n_p = budget
+            need_p = -(-(nc[p] + n_p) // bs) - blk[p]
+        preempted = 0
+        if nb + (need_p if p_scheduled else 0) > self.free:
+            preempted, nb, p_scheduled = self._preempt_aggregated(g, nb, need_p, p_scheduled)
+        free = self.free - nb
+        B = self.B
+        if p_scheduled:
+            free -= need_p
+            blk[p] += need_p
+            sched.append((p, n_p))
+            budget = self.M - B - n_p
+        else:
+            budget = self.M - B
+        if not preempted:
+            budget, free = self._admit(t0, budget, free, len(self.running), sched)
+        self.free = free
+        if not sched and not B:
+            self._stalled()
+        ctx = self.A + B * g
+        tokens, logits, kv, pairs, prefill = B, B, ctx, ctx, 0
+        for r, n in sched:
+            c = nc[r]
+            tokens += n
+            kv += c + n
+            pairs += n * c + n * (n + 1) // 2
+            prefill += n
+            if c + n == P[r] + gen[r]:
+                logits += 1
+        d = self.st.step_ps(tokens, logits, kv, pairs)
+        t1 = t0 + d
+        used = self.total_blocks - free
+        itl = B
+        if self.stale:
+            for last in self.stale.values():
+                self.extra_itl.append(t1 - last)
+            itl -= len(self.stale)
+            self.stale = {}
+        self.now = t1
+        self.G = g + 1
+        self._finish_decoders(g, t1)
+        self.partial = None
+        for r, n in sched:
+            nc[r] += n
+            if nc[r] == P[r] + gen[r]:
+                if not self._emit(r, t0, t1):
+                    self._join(r, g + 1)
+            else:
+                self.partial = r
+        self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted))
+
+    # ------------------------------------------------------------------ results
+    def output(self) -> EngineOutput:
+        """The engine's records as arrays in seconds (call after the SimPy run)."""
+        if self.mode == "run" and (self.B or self.partial is not None):
+            self._materialize()
+        s = float(PS_PER_S)
+
+        def secs(values):
+            arr = np.asarray(values, dtype=np.int64)
+            out = arr / s
+            out[arr < 0] = np.nan
+            return out
+
+        n = self.n
+        requests = RequestLog(
+            request_id=np.arange(n, dtype=np.int64),
+            arrival_s=secs(self.arr),
+            prompt_tokens=np.asarray(self.P, dtype=np.int64),
+            output_tokens=np.asarray(self.O, dtype=np.int64),
+            generated_tokens=np.asarray(self.gen, dtype=np.int64),
+            first_scheduled_s=secs(self.first_sched),
+            first_token_s=secs(self.first_tok),
+            finish_s=secs(self.fin),
+            preemptions=np.asarray(self.npre, dtype=np.int64),
+        )
+
+        rows = np.asarray(self.rows, dtype=np.int64).reshape(-1, 12)
+        cols = rows.T
+        steps = StepLog(
+            start_s=cols[0] / s,
+            num_steps=cols[1].copy(),
+            first_step_s=cols[2] / s,
+            step_increment_s=cols[3] / s,
+            duration_s=cols[4] / s,
+            batch_size=cols[5].copy(),
+            num_tokens=cols[6].copy(),
+            num_prefill_tokens=cols[7].copy(),
+            itl_samples=cols[8].copy(),
+            kv_blocks_used=cols[9].copy(),
+            num_waiting=cols[10].copy(),
+            num_preempted=cols[11].copy(),
+            k=np.zeros(rows.shape[0], dtype=np.int64),
+        )
+        return EngineOutput(
+            requests=requests,
+            steps=steps,
+            extra_itl_s=np.asarray(self.extra_itl, dtype=np.int64) / s,
+            kv_blocks_total=self.total_blocks,
+            block_size=self.bs,
+            end_s=self.now / s,
+        )

@@ -1,0 +1,71 @@
+"""How many KV-cache blocks fit on the GPUs (vLLM's memory profiling, in closed form).
+
+vLLM (``v1/worker/gpu_worker.py``) gives the KV cache what is left of ``gpu_memory_utilization x GPU
+memory`` after the weights, the peak activations of a profiling forward pass at
+``max_num_batched_tokens``, non-torch allocations and CUDA graphs. servesim estimates the last three as
+
+    activation_reserve = T_max * (4 * hidden + 2 * intermediate / TP) * 2 B     (hidden states, MLP, bf16)
+                       + max_num_seqs * vocab / TP * 4 B                        (fp32 logits of the sampler)
+                       + 1 GiB                                                  (CUDA graphs, NCCL, cuBLAS)
+
+per GPU, unless the config gives ``activation_reserve_bytes``. Then
+
+    blocks = floor((util * memory - weights / TP - reserve) / (kv_bytes_per_token / TP * block_size))
+
+``num_gpu_blocks_override`` bypasses all of this, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from servesim.errors import ConfigError
+
+GIB = 1024**3
+
+
+def activation_reserve_bytes(model, tensor_parallel_size: int, max_num_batched_tokens: int, max_num_seqs: int) -> float:
+    """Per-GPU memory kept for activations, sampler logits and CUDA graphs (bytes); see the module docstring."""
+    tp = tensor_parallel_size
+    hidden = float(getattr(model, "hidden_size", 0) or 0)
+    inter = float(getattr(model, "intermediate_size", 0) or 0)
+    vocab = float(getattr(model, "vocab_size", 0) or 0)
+    return max_num_batched_tokens * (4 * hidden + 2 * inter / tp) * 2 + max_num_seqs * vocab / tp * 4 + GIB
+
+
+def kv_cache_blocks(
+    hardware,
+    model,
+    *,
+    tensor_parallel_size: int,
+    block_size: int,
+    gpu_memory_utilization: float,
+    max_num_batched_tokens: int,
+    max_num_seqs: int,
+    activation_reserve: float | None = None,
+    num_gpu_blocks_override: int | None = None,
+) -> int:
+    """KV-cache capacity of one replica (blocks of ``block_size`` tokens).
+
+    Raises:
+        ConfigError: the weights and activations leave no room for a single block.
+    """
+    if num_gpu_blocks_override is not None:
+        return int(num_gpu_blocks_override)
+    tp = tensor_parallel_size
+    reserve = (
+        activation_reserve
+        if activation_reserve is not None
+        else activation_reserve_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
+    )
+    usable = gpu_memory_utilization * float(hardware.memory_bytes)
+    weights = float(model.weight_bytes) / tp
+    free = usable - weights - reserve
+    per_block = float(model.kv_bytes_per_token) / tp * block_size
+    blocks = int(free // per_block) if per_block > 0 else 0
+    if blocks < 1:
+        raise ConfigError(
+            f"{model.name} does not fit on {tensor_parallel_size} x {hardware.name}: weights "
+            f"{weights / 1e9:.1f} GB + activation reserve {reserve / 1e9:.1f} GB per GPU exceed "
+            f"{gpu_memory_utilization:g} x {float(hardware.memory_bytes) / 1e9:.0f} GB "
+            "(raise tensor_parallel_size or gpu_memory_utilization)"
+        )
+    return blocks

@@ -1,0 +1,94 @@
+"""Writing one run's results: ``summary.json``, ``requests.csv``, ``steps.csv`` (no pandas import).
+
+Every file is first written to a temporary name in the output folder and then renamed over its final
+name with :func:`os.replace` (atomic on POSIX and Windows), so a crash never leaves a half-written file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable
+from dataclasses import fields
+from pathlib import Path
+
+import numpy as np
+
+from servesim.engine.output import EngineOutput, StepLog
+from servesim.metrics.csv_text import csv_chunks
+from servesim.metrics.latencies import request_latencies
+from servesim.metrics.summary import json_safe
+
+#: Column order of ``requests.csv`` (times and latencies in seconds, counts in tokens).
+REQUEST_COLUMNS: tuple[str, ...] = (
+    "request_id", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
+    "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions",
+    "first_scheduled_s", "first_token_s", "finish_s",
+)
+#: Column order of ``steps.csv``: every :class:`StepLog` field, in its declaration order.
+STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepLog))
+
+
+def request_columns(out: EngineOutput) -> dict[str, np.ndarray]:
+    """The columns of ``requests.csv`` (see :data:`REQUEST_COLUMNS`), each shape (N,); NaN where undefined.
+
+    Latencies follow :mod:`servesim.metrics.latencies` (TTFT, TPOT, E2E, queueing delay, in seconds).
+    """
+    req = out.requests
+    lat = request_latencies(req)
+    data = {name: np.asarray(getattr(req, name)) for name in REQUEST_COLUMNS if hasattr(req, name)}
+    data.update({key: lat[key] for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s")})
+    return {name: data[name] for name in REQUEST_COLUMNS}
+
+
+def step_columns(out: EngineOutput) -> dict[str, np.ndarray]:
+    """The columns of ``steps.csv``: every :class:`StepLog` field (see :data:`STEP_COLUMNS`), shape (R,)."""
+    return {name: np.asarray(getattr(out.steps, name)) for name in STEP_COLUMNS}
+
+
+def atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
+    """Write ``chunks`` to ``path`` through a temporary file in the same folder and :func:`os.replace`.
+
+    The temporary file (``.<name>.*.tmp``) is removed if writing fails; ``path`` then keeps its previous
+    content (or does not exist).
+
+    Raises:
+        OSError: the folder is not writable, the disk is full, ...
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            for chunk in chunks:
+                handle.write(chunk)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def write_outputs(out: EngineOutput, summary: dict, out_dir: Path) -> None:
+    """Write ``summary.json``, ``requests.csv`` and ``steps.csv`` into ``out_dir`` (created if needed).
+
+    * ``summary.json``: ``summary`` as strict JSON (numpy scalars converted, NaN/inf written as null),
+      indented, keys in the summary's order.
+    * ``requests.csv``: one row per request, columns :data:`REQUEST_COLUMNS`.
+    * ``steps.csv``: one row per :class:`StepLog` row, columns :data:`STEP_COLUMNS`.
+
+    CSV floats have 12 significant digits in positional notation and NaN is an empty field (see
+    :mod:`servesim.metrics.csv_text`); lines end with ``\\n``. Each file is written atomically
+    (:func:`atomic_write`).
+
+    Raises:
+        OSError: ``out_dir`` cannot be created or written.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
+    atomic_write(out_dir / "summary.json", [text.encode("utf-8")])
+    atomic_write(out_dir / "requests.csv", csv_chunks(request_columns(out)))
+    atomic_write(out_dir / "steps.csv", csv_chunks(step_columns(out)))

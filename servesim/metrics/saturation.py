@@ -1,0 +1,78 @@
+"""Is the server saturated? The waiting queue is still growing when the arrivals end.
+
+Rule (documented in :func:`saturation`): over the last quarter of the arrival window, fit the number
+of waiting requests against time by least squares, each StepLog row weighted by its duration (the time
+that queue length held). The server is saturated when the slope is positive and the growth it implies
+over that quarter exceeds ``max(5, 5% of the requests that arrived in it)``: requests pile up faster than
+they are served by more than 5% of the arrival rate. A stable server's queue fluctuates around a
+level, so its fitted growth stays well under this threshold.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from servesim.engine.output import EngineOutput
+
+#: Fraction of the arrival window (its end) over which the queue trend is measured.
+TAIL_FRACTION = 0.25
+#: Minimum growth (requests) of the waiting queue over the tail to call the server saturated.
+MIN_GROWTH_REQUESTS = 5.0
+#: Minimum growth as a fraction of the requests that arrived during the tail.
+MIN_GROWTH_FRACTION = 0.05
+
+
+@dataclass
+class Saturation:
+    """Outcome of the saturation rule.
+
+    Attributes:
+        saturated: True when the waiting queue still grows at the end of the arrivals.
+        slope_per_s: fitted growth rate of the waiting queue over the tail (requests/s); 0.0 when the
+            tail has fewer than two step rows.
+        growth: ``slope_per_s * tail length`` (requests).
+        threshold: growth needed to be saturated (requests).
+    """
+
+    saturated: bool
+    slope_per_s: float
+    growth: float
+    threshold: float
+
+
+def detect_saturation(out: EngineOutput) -> Saturation:
+    """Apply the saturation rule of this module to one run.
+
+    Let ``t0, t1`` be the first and last arrival, ``T = TAIL_FRACTION * (t1 - t0)`` and the tail the
+    StepLog rows with ``t1 - T <= start_s <= t1``. The slope ``b`` is the duration-weighted
+    least-squares slope of ``num_waiting`` on ``start_s`` over the tail (uniform weights if all durations
+    are zero). Saturated iff ``b > 0`` and ``b * T > max(MIN_GROWTH_REQUESTS, MIN_GROWTH_FRACTION * A)``
+    where ``A`` is the number of arrivals in ``[t1 - T, t1]``. Fewer than two requests, a zero-length
+    arrival window, or fewer than two tail rows with distinct start times give "not saturated".
+    """
+    arrival = np.asarray(out.requests.arrival_s, dtype=np.float64)
+    if arrival.size < 2:
+        return Saturation(False, 0.0, 0.0, MIN_GROWTH_REQUESTS)
+    t0, t1 = float(arrival.min()), float(arrival.max())
+    tail = TAIL_FRACTION * (t1 - t0)
+    arrived = int(np.count_nonzero(arrival >= t1 - tail))
+    threshold = max(MIN_GROWTH_REQUESTS, MIN_GROWTH_FRACTION * arrived)
+    start = np.asarray(out.steps.start_s, dtype=np.float64)
+    in_tail = (start >= t1 - tail) & (start <= t1)
+    x = start[in_tail]
+    if tail <= 0 or x.size < 2 or np.ptp(x) == 0:
+        return Saturation(False, 0.0, 0.0, threshold)
+    y = np.asarray(out.steps.num_waiting, dtype=np.float64)[in_tail]
+    w = np.asarray(out.steps.duration_s, dtype=np.float64)[in_tail]
+    if not w.sum() > 0:
+        w = np.ones_like(x)
+    x_mean = np.sum(w * x) / w.sum()
+    y_mean = np.sum(w * y) / w.sum()
+    sxx = float(np.sum(w * (x - x_mean) ** 2))
+    if sxx == 0:
+        return Saturation(False, 0.0, 0.0, threshold)
+    slope = float(np.sum(w * (x - x_mean) * (y - y_mean)) / sxx)
+    growth = slope * tail
+    return Saturation(bool(slope > 0 and growth > threshold), slope, growth, threshold)

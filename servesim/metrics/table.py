@@ -1,0 +1,39 @@
+"""The short text table ``servesim run`` prints."""
+
+from __future__ import annotations
+
+_LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1e3:.2f}"
+
+
+def format_summary_table(summary: dict) -> str:
+    """Render a :func:`~servesim.metrics.summary.summarize` dict as a fixed-width text table.
+
+    Shows requests completed, duration (s), request/output/total token throughput (per second),
+    mean/p50/p99 of TTFT, TPOT, ITL and E2E in milliseconds, preemptions, goodput and SLO attainment
+    when present, and the saturation flag. Missing or undefined values print as ``-``.
+
+    Returns:
+        The table, lines joined by ``\\n``, without a trailing newline.
+    """
+    lines = [
+        f"{'Requests completed':<28}{summary.get('completed', 0)} / {summary.get('num_requests', 0)}",
+        f"{'Duration (s)':<28}{summary.get('duration_s', 0.0):.2f}",
+        f"{'Request throughput (req/s)':<28}{summary.get('request_throughput', 0.0):.2f}",
+        f"{'Output throughput (tok/s)':<28}{summary.get('output_throughput', 0.0):.1f}",
+        f"{'Total throughput (tok/s)':<28}{summary.get('total_token_throughput', 0.0):.1f}",
+        f"{'Latency (ms)':<28}{'mean':>10}{'p50':>10}{'p99':>10}",
+    ]
+    for label, key in _LATENCIES:
+        stats = summary.get(key) or {}
+        lines.append(f"{'  ' + label:<28}{_ms(stats.get('mean')):>10}{_ms(stats.get('p50')):>10}"
+                     f"{_ms(stats.get('p99')):>10}")
+    lines.append(f"{'Preemptions':<28}{summary.get('preemptions', 0)}")
+    if "goodput" in summary:
+        lines.append(f"{'Goodput (req/s)':<28}{summary['goodput']:.2f}")
+        lines.append(f"{'SLO attainment':<28}{100 * summary.get('slo_attainment', 0.0):.1f}%")
+    lines.append(f"{'Saturated':<28}{'yes' if summary.get('saturated') else 'no'}")
+    return "\n".join(lines)

@@ -1,0 +1,125 @@
+"""``latency.png``: TTFT and TPOT distributions, batch size and KV-cache utilisation over time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from servesim.engine.output import EngineOutput
+from servesim.metrics.latencies import request_latencies
+from servesim.plots.style import P50_COLOR, P99_COLOR, pyplot, save_figure
+
+
+def _cdf(ax, values_s: np.ndarray, stats: dict | None, name: str) -> None:
+    """Empirical CDF of a latency sample (seconds) drawn in milliseconds, p50 and p99 marked."""
+    values_ms = np.sort(values_s[~np.isnan(values_s)]) * 1e3
+    ax.set_xlabel(f"{name} (ms)")
+    ax.set_ylabel("fraction of requests")
+    ax.set_title(f"{name} distribution (CDF)")
+    if values_ms.size == 0:
+        ax.text(0.5, 0.5, f"no {name} samples", ha="center", va="center", transform=ax.transAxes)
+        return
+    ax.step(values_ms, np.arange(1, values_ms.size + 1) / values_ms.size, where="post", color="tab:blue")
+    stats = stats or {}
+    for key, color in (("p50", P50_COLOR), ("p99", P99_COLOR)):
+        if stats.get(key) is not None:
+            ms = stats[key] * 1e3
+            ax.axvline(ms, color=color, linestyle="--", linewidth=1, label=f"{key} = {ms:.1f} ms")
+    ax.set_ylim(0, 1.02)
+    if values_ms[0] > 0 and values_ms[-1] / values_ms[0] > 100:
+        ax.set_xscale("log")
+    ax.legend(loc="lower right")
+
+
+#: Time bins of the over-time panels when the StepLog has more rows than twice this.
+TIME_BINS = 300
+
+
+def _over_time(ax, out: EngineOutput, values: np.ndarray, ylabel: str, title: str, color: str) -> None:
+    """Per-row StepLog quantity against simulated time (s).
+
+    Few rows: each row is a horizontal segment over [start, end), idle gaps left blank. Many rows: the
+    time axis is cut into :data:`TIME_BINS` bins and each bin shows the duration-weighted mean of the
+    rows that start in it (line) and their min-max range (band).
+    """
+    steps = out.steps
+    start = np.asarray(steps.start_s, dtype=np.float64)
+    duration = np.asarray(steps.duration_s, dtype=np.float64)
+    end = start + duration
+    ax.set_xlabel("simulated time (s)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    if start.size == 0:
+        ax.text(0.5, 0.5, "no steps", ha="center", va="center", transform=ax.transAxes)
+        return
+    t0, t1 = float(start.min()), float(end.max())
+    if start.size <= 2 * TIME_BINS or t1 <= t0:
+        # NaN separators break the line between rows
+        x = np.column_stack([start, end, np.full(start.shape, np.nan)]).ravel()
+        y = np.column_stack([values, values, np.full(start.shape, np.nan)]).ravel()
+        ax.plot(x, y, color=color, linewidth=1.0)
+    else:
+        edges = np.linspace(t0, t1, TIME_BINS + 1)
+        index = np.clip(np.searchsorted(edges, start, side="right") - 1, 0, TIME_BINS - 1)
+        weight = np.bincount(index, weights=duration, minlength=TIME_BINS)
+        count = np.bincount(index, minlength=TIME_BINS)
+        weighted = np.bincount(index, weights=values * duration, minlength=TIME_BINS)
+        plain = np.bincount(index, weights=values, minlength=TIME_BINS)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            mean = np.where(weight > 0, weighted / weight, plain / count)
+        low = np.full(TIME_BINS, np.inf)
+        high = np.full(TIME_BINS, -np.inf)
+        np.minimum.at(low, index, values)
+        np.maximum.at(high, index, values)
+        empty = count == 0
+        mean[empty], low[empty], high[empty] = np.nan, np.nan, np.nan
+        centre = (edges[:-1] + edges[1:]) / 2
+        ax.fill_between(centre, low, high, color=color, alpha=0.25, linewidth=0, label="min-max per bin")
+        ax.plot(centre, mean, color=color, linewidth=1.2, label="time-weighted mean")
+        ax.legend(loc="upper right")
+    ax.set_xlim(t0, t1)
+    ax.set_ylim(bottom=0)
+
+
+def plot_latency(out: EngineOutput, summary: dict, path: Path) -> Path:
+    """Draw ``latency.png``: a 2x2 figure.
+
+    Top: empirical CDFs of TTFT and TPOT over completed requests (ms; p50 and p99 from ``summary``
+    marked as dashed lines; log x axis when the sample spans more than two decades). Bottom: batch size
+    (requests per step) and KV-cache utilisation (% of ``kv_blocks_total``, at the end of each row) over
+    simulated time (s), from the StepLog rows (binned when there are many, see :func:`_over_time`).
+
+    Args:
+        out: the engine output.
+        summary: :func:`servesim.metrics.summarize` of ``out`` (for the p50/p99 markers and the title).
+        path: the PNG file to write, or an existing folder (then ``<path>/latency.png``).
+
+    Returns:
+        The path written (atomically).
+
+    Raises:
+        OSError: the file cannot be written.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "latency.png"
+    plt = pyplot()
+    lat = request_latencies(out.requests)
+    done = lat["completed"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    _cdf(axes[0, 0], lat["ttft_s"][done], summary.get("ttft_s"), "TTFT")
+    _cdf(axes[0, 1], lat["tpot_s"][done], summary.get("tpot_s"), "TPOT")
+    _over_time(axes[1, 0], out, np.asarray(out.steps.batch_size, dtype=np.float64),
+               "batch size (requests)", "Batch size", "tab:purple")
+    total = out.kv_blocks_total if out.kv_blocks_total > 0 else np.nan
+    _over_time(axes[1, 1], out, 100.0 * np.asarray(out.steps.kv_blocks_used, dtype=np.float64) / total,
+               "KV cache used (%)", f"KV-cache utilisation ({out.kv_blocks_total} blocks)", "tab:orange")
+    axes[1, 1].set_ylim(0, 105)
+    title = (f"{summary.get('completed', 0)}/{summary.get('num_requests', 0)} requests, "
+             f"{summary.get('request_throughput', 0.0):.2f} req/s, "
+             f"{summary.get('output_throughput', 0.0):.0f} output tok/s"
+             + (" - SATURATED" if summary.get("saturated") else ""))
+    fig.suptitle(title)
+    fig.tight_layout()
+    return save_figure(fig, path)

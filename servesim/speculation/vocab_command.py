@@ -1,0 +1,42 @@
+"""``servesim check-draft TARGET DRAFT``: llama.cpp's draft/target vocabulary compatibility check.
+
+TARGET and DRAFT are ``tokenizer.json`` files, directories holding one (with ``tokenizer_config.json``), or
+YAML vocabulary cards (:class:`servesim.speculation.vocab.VocabCard`). Prints ``compatible`` (exit 0) or
+the first failing rule (exit 1); unreadable inputs are errors (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from servesim.errors import ConfigError
+from servesim.speculation.vocab import (
+    SPEC_VOCAB_CHECK_START_TOKEN_ID,
+    SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
+    check_compatible,
+    load_vocab,
+)
+
+__all__ = ["add_arguments", "run"]
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``check-draft`` arguments to ``parser``."""
+    parser.add_argument("target", help="target tokenizer.json, its directory, or a vocabulary YAML")
+    parser.add_argument("draft", help="draft tokenizer.json, its directory, or a vocabulary YAML")
+    parser.add_argument("--max-size-difference", type=int, default=SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
+                        help=f"largest allowed vocabulary size difference (default {SPEC_VOCAB_MAX_SIZE_DIFFERENCE})")
+    parser.add_argument("--check-start-id", type=int, default=SPEC_VOCAB_CHECK_START_TOKEN_ID,
+                        help=f"first token id whose text is compared (default {SPEC_VOCAB_CHECK_START_TOKEN_ID})")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Print ``compatible`` and return 0, or print the first failing rule and return 1."""
+    if args.max_size_difference < 0:
+        raise ConfigError(f"--max-size-difference: expected >= 0 (got {args.max_size_difference})")
+    if args.check_start_id < 0:
+        raise ConfigError(f"--check-start-id: expected >= 0 (got {args.check_start_id})")
+    verdict = check_compatible(load_vocab(args.target), load_vocab(args.draft),
+                               args.max_size_difference, args.check_start_id)
+    print(verdict)
+    return 0 if verdict == "compatible" else 1

@@ -1,0 +1,131 @@
+"""Expansion of a sweep into points, their stable ids, and their seeds.
+
+A point is one combination of grid values, zip-group values and a variant. Its id and its seeds depend
+only on its content (the variant's name and overrides and the swept values), never on its position in
+the sweep, so adding, removing or reordering points leaves every other point's id, seeds and results
+unchanged (and a resumed sweep finds its finished points).
+
+Seeds: one root ``numpy.random.SeedSequence(entropy=seed)``; the child for (point, replication ``r``)
+is ``SeedSequence(entropy=seed, spawn_key=(point.key_int, r))``, the same construction as
+``SeedSequence.spawn`` with a content-derived first spawn key. The integer handed to ``simulate`` is 63
+bits drawn from that child (:func:`task_seed`), so ``servesim run --seed S`` reproduces a row of
+summary.csv.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from servesim.config.overrides import set_dotted
+from servesim.sweep.spec import LoadedSweep
+
+#: Variant name of every point of a sweep that declares no variants.
+DEFAULT_VARIANT = "default"
+
+
+def _plain(value: Any) -> Any:
+    # Canonical form for hashing: mapping keys as strings (YAML allows int keys), tuples as lists.
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def canonical_json(value: Any) -> str:
+    """JSON text with sorted keys and no spaces: equal content gives equal text (the hash input)."""
+    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
+
+
+@dataclass(frozen=True)
+class Point:
+    """One point of a sweep.
+
+    Attributes:
+        index: position in the expansion order (grid, last key fastest; then zip groups; then variants).
+        variant: the variant's name (``"default"`` without variants).
+        variant_overrides: the variant's dotted key -> value overrides (applied first).
+        axes: swept dotted key -> value, in the sweep file's order (applied after the variant).
+        point_id: 12 hex digits of the SHA-256 of the canonical JSON of (variant, overrides, axes).
+        key_int: the first 64 bits of that hash as an int, the point's spawn key.
+    """
+
+    index: int
+    variant: str
+    variant_overrides: dict[str, Any] = field(hash=False)
+    axes: dict[str, Any] = field(hash=False)
+    point_id: str
+    key_int: int
+
+    def overrides(self) -> dict[str, Any]:
+        """All dotted overrides of this point, in the order they are applied (variant, then axes)."""
+        merged = dict(self.variant_overrides)
+        merged.update(self.axes)
+        return merged
+
+
+def point_identity(variant: str, variant_overrides: dict[str, Any], axes: dict[str, Any]) -> tuple[str, int]:
+    """Return ``(point_id, key_int)`` for a point's content (see :class:`Point`)."""
+    text = canonical_json({"variant": variant, "variant_overrides": variant_overrides, "axes": axes})
+    digest = hashlib.sha256(text.encode("ascii")).hexdigest()
+    return digest[:12], int(digest[:16], 16)
+
+
+def expand_points(sweep: LoadedSweep) -> list[Point]:
+    """All points of ``sweep`` in expansion order: grid (cartesian, last key varying fastest), then
+    zip groups (one axis each), then variants (innermost).
+
+    Returns:
+        a list of ``len(grid_1) * ... * len(zip_group_1) * ... * max(1, len(variants))`` points.
+    """
+    cfg = sweep.config
+    axes: list[list[dict[str, Any]]] = []
+    for key, values in cfg.grid.items():
+        axes.append([{key: v} for v in values])
+    for group in cfg.zip:
+        length = len(next(iter(group.values())))
+        axes.append([{key: values[i] for key, values in group.items()} for i in range(length)])
+    variants = list(cfg.variants.items()) or [(DEFAULT_VARIANT, {})]
+    points: list[Point] = []
+    for combo in itertools.product(*axes):
+        values: dict[str, Any] = {}
+        for part in combo:
+            values.update(part)
+        for name, overrides in variants:
+            point_id, key_int = point_identity(name, overrides, values)
+            points.append(Point(len(points), name, dict(overrides), dict(values), point_id, key_int))
+    return points
+
+
+def point_config(sweep: LoadedSweep, point: Point) -> dict[str, Any]:
+    """The run config of ``point``: the base with the variant's overrides, then the swept values, set.
+
+    Raises:
+        ConfigError: an override runs into a non-mapping value of the base (names the sweep file).
+    """
+    config = sweep.base
+    for key, value in point.overrides().items():
+        config = set_dotted(config, key, value, source=sweep.source)
+    return config
+
+
+def seed_sequence(root_seed: int, point: Point, replication: int) -> np.random.SeedSequence:
+    """The child ``SeedSequence(entropy=root_seed, spawn_key=(point.key_int, replication))``."""
+    return np.random.SeedSequence(entropy=root_seed, spawn_key=(point.key_int, replication))
+
+
+def task_seed(root_seed: int, point: Point, replication: int) -> int:
+    """The seed (a non-negative int below 2**63) passed to ``simulate`` for (point, replication)."""
+    hi, lo = seed_sequence(root_seed, point, replication).generate_state(2, dtype=np.uint32)
+    return ((int(hi) << 32) | int(lo)) >> 1
+
+
+def config_digest(config: dict[str, Any]) -> str:
+    """SHA-256 hex digest of a run config's canonical JSON (detects a changed base on resume)."""
+    return hashlib.sha256(canonical_json(config).encode("ascii")).hexdigest()

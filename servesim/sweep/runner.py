@@ -1,0 +1,254 @@
+"""Run a sweep: every (point, replication) once, resumably, on any ``concurrent.futures.Executor``.
+
+Each finished run is stored as soon as it finishes (one JSON file, written atomically, by this process:
+workers only compute), so an interrupted sweep rerun with the same command skips the finished runs and
+neither loses nor duplicates any. A run that raises is recorded in ``failures.csv`` and the others go on.
+At the end ``summary.csv`` (and ``speedup.csv`` when the sweep names a ``baseline``) are rebuilt from
+every stored run of the sweep.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from concurrent.futures import Executor, Future, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from servesim.errors import ServesimError
+from servesim.sweep.executors import open_executor
+from servesim.sweep.points import Point, config_digest, expand_points, point_config, task_seed
+from servesim.sweep.spec import LoadedSweep, SweepConfig, load_sweep, resolve_sweep
+from servesim.sweep.store import atomic_write_text, read_result, to_jsonable, write_result
+from servesim.sweep.tables import SPEEDUP_METRIC, speedup_frame, summary_frame, write_csv
+
+Simulate = Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Task:
+    """One run of the simulator: a point's config with one replication's seed (picklable)."""
+
+    point: Point
+    replication: int
+    seed: int
+    config: dict[str, Any]
+    digest: str
+
+
+@dataclass(frozen=True)
+class Failure:
+    """A run that raised: which one, and the error as one line."""
+
+    point_id: str
+    replication: int
+    seed: int
+    variant: str
+    overrides: str
+    error: str
+
+
+@dataclass
+class SweepResult:
+    """What :func:`run_sweep` did.
+
+    Attributes:
+        out_dir: the output folder.
+        summary: the summary table (also in ``out_dir/summary.csv``).
+        speedup: the speedup table, or None without a baseline (also in ``out_dir/speedup.csv``).
+        num_runs: (point, replication) pairs in the sweep.
+        num_skipped: runs already stored by an earlier invocation (not run again).
+        num_run: runs executed by this invocation (finished or failed).
+        failures: runs that raised in this invocation (also in ``out_dir/failures.csv``).
+    """
+
+    out_dir: Path
+    summary: pd.DataFrame
+    speedup: pd.DataFrame | None
+    num_runs: int
+    num_skipped: int
+    num_run: int
+    failures: list[Failure] = field(default_factory=list)
+
+    @property
+    def exit_status(self) -> int:
+        """0 when every run finished, 1 when any failed."""
+        return 1 if self.failures else 0
+
+
+def error_line(exc: BaseException) -> str:
+    """One line describing ``exc``: a ServesimError's own message, else ``Type: first line``."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    if isinstance(exc, ServesimError):
+        return text or type(exc).__name__
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def execute_task(simulate: Simulate, config: dict[str, Any], seed: int, base_dir: str) -> tuple[bool, Any]:
+    """Run one simulation (in a worker) and return ``(True, summary)`` or ``(False, one-line error)``.
+
+    ``simulate(config, seed=seed, base_dir=base_dir)`` returns a Result with a ``summary`` mapping (or
+    the mapping itself); the summary comes back as plain JSON types. Exceptions (not KeyboardInterrupt
+    or SystemExit) become ``(False, message)`` so that every executor reports them the same way.
+    """
+    try:
+        result = simulate(config, seed=seed, base_dir=base_dir)
+        summary = result if isinstance(result, dict) else result.summary
+        return True, to_jsonable(summary)
+    except Exception as exc:  # noqa: BLE001 - a failed run is recorded, the sweep goes on
+        return False, error_line(exc)
+
+
+def _default_simulate() -> Simulate:
+    try:
+        from servesim import simulate  # type: ignore[attr-defined]
+    except ImportError:
+        raise ServesimError("servesim.simulate is not available in this installation") from None
+    return simulate
+
+
+def _load(sweep: str | Path | SweepConfig | LoadedSweep) -> LoadedSweep:
+    if isinstance(sweep, LoadedSweep):
+        return sweep
+    if isinstance(sweep, SweepConfig):
+        return resolve_sweep(sweep, Path.cwd(), "sweep")
+    return load_sweep(sweep)
+
+
+def _write_manifest(out_dir: Path, sweep: LoadedSweep, points: list[Point]) -> None:
+    cfg = sweep.config
+    manifest = {
+        "source": sweep.source,
+        "base_dir": str(sweep.base_dir),
+        "columns": cfg.column_names(),
+        "variants": list(cfg.variants),
+        "baseline": cfg.baseline,
+        "replications": cfg.replications,
+        "seed": cfg.seed,
+        "points": [
+            {"point_id": p.point_id, "variant": p.variant, "axes": p.axes, "variant_overrides": p.variant_overrides}
+            for p in points
+        ],
+    }
+    atomic_write_text(out_dir / "sweep.json", json.dumps(to_jsonable(manifest), indent=1) + "\n")
+
+
+def _write_failures(out_dir: Path, failures: list[Failure]) -> None:
+    path = out_dir / "failures.csv"
+    if not failures:
+        path.unlink(missing_ok=True)
+        return
+    frame = pd.DataFrame([f.__dict__ for f in failures], columns=list(Failure.__dataclass_fields__))
+    write_csv(frame, path)
+
+
+def run_sweep(
+    sweep: str | Path | SweepConfig | LoadedSweep,
+    out_dir: str | Path,
+    *,
+    jobs: int = 1,
+    executor: str | Executor | None = None,
+    progress: bool | None = None,
+    simulate: Simulate | None = None,
+) -> SweepResult:
+    """Run every (point, replication) of a sweep that is not already stored in ``out_dir``.
+
+    Args:
+        sweep: a sweep file path, a :class:`SweepConfig` (a ``base`` path resolves against the current
+            folder) or a loaded sweep.
+        out_dir: output folder (created); see :mod:`servesim.sweep.store` for its layout.
+        jobs: local worker processes (1 = serial in this process).
+        executor: ``None``/``"local"``, ``"dask"``, ``"dask://HOST:PORT"``, or an Executor instance
+            (see :func:`servesim.sweep.executors.open_executor`).
+        progress: show a tqdm bar on stderr; ``None`` = only when stderr is a terminal.
+        simulate: the simulator, ``simulate(config, *, seed, base_dir) -> Result`` (default
+            ``servesim.simulate``); it must be picklable (a module-level function) for process and Dask
+            executors.
+
+    Returns:
+        a :class:`SweepResult`; its ``exit_status`` is 1 when any run failed.
+
+    Raises:
+        ConfigError: invalid sweep file, base config, overrides, ``jobs`` or ``executor``.
+        KeyboardInterrupt: propagated after the finished runs have been stored.
+    """
+    from tqdm import tqdm
+
+    loaded = _load(sweep)
+    out = Path(out_dir)
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    points = expand_points(loaded)
+    _write_manifest(out, loaded, points)
+    simulate = simulate if simulate is not None else _default_simulate()
+
+    tasks: list[Task] = []
+    for point in points:
+        config = point_config(loaded, point)
+        digest = config_digest(config)
+        for rep in range(loaded.config.replications):
+            tasks.append(Task(point, rep, task_seed(loaded.config.seed, point, rep), config, digest))
+    stored = {i: read_result(out, t.point.point_id, t.replication, t.digest) for i, t in enumerate(tasks)}
+    pending = [t for i, t in enumerate(tasks) if stored[i] is None]
+
+    failures: list[Failure] = []
+    base_dir = str(loaded.base_dir)
+    show = sys.stderr.isatty() if progress is None else bool(progress)
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(pending), disable=not show, unit="run", desc="sweep")
+
+    def finish(task: Task, ok: bool, payload: Any) -> None:
+        if ok:
+            record = {
+                "point_id": task.point.point_id,
+                "replication": task.replication,
+                "seed": task.seed,
+                "variant": task.point.variant,
+                "axes": to_jsonable(task.point.axes),
+                "config_sha256": task.digest,
+                "summary": payload,
+            }
+            write_result(out, record)
+        else:
+            overrides = json.dumps(to_jsonable(task.point.overrides()), sort_keys=True, separators=(",", ":"))
+            failures.append(
+                Failure(task.point.point_id, task.replication, task.seed, task.point.variant, overrides, str(payload))
+            )
+        bar.update(1)
+
+    try:
+        with open_executor(executor, jobs) as pool:
+            if pool is None:
+                for task in pending:
+                    finish(task, *execute_task(simulate, task.config, task.seed, base_dir))
+            else:
+                futures: dict[Future, Task] = {
+                    pool.submit(execute_task, simulate, t.config, t.seed, base_dir): t for t in pending
+                }
+                for future in as_completed(futures):
+                    try:
+                        ok, payload = future.result()
+                    except Exception as exc:  # noqa: BLE001 - e.g. a worker died or a pickling error
+                        ok, payload = False, error_line(exc)
+                    finish(futures[future], ok, payload)
+    finally:
+        bar.close()
+        _write_failures(out, failures)
+
+    records = []
+    for task in tasks:
+        record = read_result(out, task.point.point_id, task.replication, task.digest)
+        if record is not None:
+            records.append((task.point, task.replication, record))
+    summary = summary_frame(loaded, records)
+    write_csv(summary, out / "summary.csv")
+    speedup = None
+    if loaded.config.baseline is not None:
+        if records and SPEEDUP_METRIC not in summary.columns:
+            raise ServesimError(f"{loaded.source}: baseline: the summaries have no {SPEEDUP_METRIC} to compare")
+        if SPEEDUP_METRIC in summary.columns:
+            speedup = speedup_frame(loaded, summary)
+            write_csv(speedup, out / "speedup.csv")
+    return SweepResult(out, summary, speedup, len(tasks), len(tasks) - len(pending), len(pending), failures)

@@ -1,0 +1,200 @@
+"""Sweep files: what a user writes to vary a run config over a grid of settings.
+
+A sweep file (YAML) reads::
+
+    base: azure-conv-llama8b-h100.yaml      # run config, relative to the sweep file, or an inline mapping
+    grid:                                   # cartesian product over dotted keys
+      engine.max_num_seqs: [64, 256]
+      workload.rate_scale: [1, 2, 4]
+    zip:                                    # groups of equal-length lists varied together
+      - {hardware: [h100-sxm, h200-sxm], engine.max_num_batched_tokens: [8192, 8192]}
+    variants:                               # named sets of dotted overrides
+      plain: {}
+      eagle: {speculative_config: {method: eagle, num_speculative_tokens: 3}}
+    baseline: plain                         # compare every other variant with this one (speedup.csv)
+    columns: {engine.max_num_seqs: batch}   # rename swept keys in summary.csv and speedup.csv
+    replications: 3
+    seed: 0
+
+Points are grid x zip groups x variants (see :mod:`servesim.sweep.points`); each is run
+``replications`` times.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from servesim.config.loading import load_yaml, validate
+from servesim.config.overrides import split_key
+from servesim.errors import ConfigError
+
+#: Columns of summary.csv that the runner writes itself; a swept key may not take one of these names.
+RESERVED_COLUMNS = ("variant", "replication", "seed", "point_id")
+
+
+def _invalid(message: str) -> PydanticCustomError:
+    # A validation error whose message pydantic shows as is (a ValueError would read "Value error, ...").
+    return PydanticCustomError("sweep_file", "{detail}", {"detail": message})
+
+
+def _check_key(key: str) -> str:
+    try:
+        split_key(key, "key")
+    except ConfigError as exc:
+        raise _invalid(str(exc).removeprefix("key: ")) from None
+    return key
+
+
+class SweepConfig(BaseModel):
+    """A sweep file, validated.
+
+    Attributes:
+        base: the run config: a path (relative to the sweep file's folder) or an inline mapping.
+        grid: dotted key -> non-empty list of values; the points take the cartesian product.
+        zip: groups, each a mapping dotted key -> list, all lists of a group of equal length; a group
+            contributes one axis whose i-th value sets every key of the group to its i-th element.
+        variants: name -> mapping of dotted key -> value, applied before the grid and zip values (so a
+            grid key may refine a variant's setting). Without variants every point is variant
+            ``"default"``.
+        baseline: a variant name; every other variant is compared with it in speedup.csv.
+        columns: swept key -> column name to use in summary.csv and speedup.csv.
+        replications: runs per point (>= 1), each with its own seed.
+        seed: root seed (>= 0) of the sweep's ``numpy.random.SeedSequence``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    base: str | dict[str, Any]
+    grid: dict[str, list[Any]] = Field(default_factory=dict)
+    zip: list[dict[str, list[Any]]] = Field(default_factory=list)
+    variants: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    baseline: str | None = None
+    columns: dict[str, str] = Field(default_factory=dict)
+    replications: int = Field(1, ge=1)
+    seed: int = Field(0, ge=0)
+
+    @field_validator("grid")
+    @classmethod
+    def _grid_lists(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
+        for key, values in grid.items():
+            _check_key(key)
+            if not values:
+                raise _invalid(f"grid key {key!r} has an empty list of values")
+        return grid
+
+    @field_validator("zip")
+    @classmethod
+    def _zip_groups(cls, groups: list[dict[str, list[Any]]]) -> list[dict[str, list[Any]]]:
+        for i, group in enumerate(groups):
+            if not group:
+                raise _invalid(f"zip group {i} is empty")
+            lengths = {key: len(values) for key, values in group.items()}
+            for key in group:
+                _check_key(key)
+            if len(set(lengths.values())) != 1:
+                raise _invalid(f"zip group {i}: lists must have equal lengths (got {lengths})")
+            if 0 in lengths.values():
+                raise _invalid(f"zip group {i} has empty lists")
+        return groups
+
+    @field_validator("variants")
+    @classmethod
+    def _variant_keys(cls, variants: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        for name, overrides in variants.items():
+            if not name:
+                raise _invalid("a variant name is empty")
+            for key in overrides:
+                _check_key(key)
+        return variants
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SweepConfig:
+        keys = self.swept_keys()
+        seen: set[str] = set()
+        for key in keys:
+            if key in seen:
+                raise _invalid(f"key {key!r} is swept twice (grid and zip, or two zip groups)")
+            seen.add(key)
+        for key in keys:
+            for other in keys:
+                if other != key and other.startswith(key + "."):
+                    raise _invalid(f"swept key {other!r} lies inside swept key {key!r}")
+        if self.baseline is not None:
+            if self.baseline not in self.variants:
+                raise _invalid(f"baseline {self.baseline!r} is not one of the variants {list(self.variants)}")
+            if len(self.variants) < 2:
+                raise _invalid("baseline needs at least one other variant to compare with")
+        names = [self.columns.get(k, k) for k in keys]
+        for key, name in self.columns.items():
+            if key not in keys:
+                raise _invalid(f"columns: {key!r} is not a swept key (swept: {keys})")
+            if not name:
+                raise _invalid(f"columns: empty column name for {key!r}")
+        for name in names:
+            if name in RESERVED_COLUMNS:
+                raise _invalid(f"column {name!r} is reserved; rename the swept key with columns:")
+            if names.count(name) > 1:
+                raise _invalid(f"column name {name!r} is used twice")
+        return self
+
+    def swept_keys(self) -> list[str]:
+        """Dotted keys of the grid, then of each zip group, in the order written."""
+        keys = list(self.grid)
+        for group in self.zip:
+            keys.extend(group)
+        return keys
+
+    def column_names(self) -> dict[str, str]:
+        """Swept key -> its column name in the CSV tables (the ``columns`` rename, else the key)."""
+        return {key: self.columns.get(key, key) for key in self.swept_keys()}
+
+
+class LoadedSweep:
+    """A validated sweep with its base config read and its paths resolved.
+
+    Attributes:
+        config: the :class:`SweepConfig`.
+        base: the run config (a mapping) that every point starts from.
+        base_dir: folder that relative paths inside the run config resolve against (the base file's
+            folder, or the sweep file's folder for an inline base).
+        source: what to name in messages (the sweep file path, or ``"sweep"``).
+    """
+
+    def __init__(self, config: SweepConfig, base: dict[str, Any], base_dir: Path, source: str) -> None:
+        self.config = config
+        self.base = base
+        self.base_dir = base_dir
+        self.source = source
+
+
+def resolve_sweep(config: SweepConfig, folder: str | Path, source: str) -> LoadedSweep:
+    """Read the base run config of ``config``, relative paths resolving against ``folder``.
+
+    Raises:
+        ConfigError: the base file is missing or invalid YAML, or is not a mapping.
+    """
+    folder = Path(folder).resolve()
+    if isinstance(config.base, str):
+        base_path = (folder / config.base).resolve()
+        base = load_yaml(base_path)
+        if not isinstance(base, dict):
+            raise ConfigError(f"{base_path}: expected a mapping of run settings (base of {source})")
+        return LoadedSweep(config, base, base_path.parent, source)
+    return LoadedSweep(config, dict(config.base), folder, source)
+
+
+def load_sweep(path: str | Path) -> LoadedSweep:
+    """Load and validate a sweep file and its base run config.
+
+    Raises:
+        ConfigError: one line naming the file and the field (missing file, invalid YAML, unknown key,
+            unequal zip lists, unknown baseline, ...).
+    """
+    path = Path(path)
+    data = load_yaml(path)
+    config = validate(SweepConfig, data, str(path))
+    return resolve_sweep(config, path.parent, str(path))

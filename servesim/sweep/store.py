@@ -1,0 +1,86 @@
+"""The resumable result store of a sweep: one JSON file per finished (point, replication).
+
+Layout of ``out_dir``::
+
+    points/<point_id>-r<replication>.json   one finished run (written atomically: temp file + os.replace)
+    sweep.json                              the expanded sweep (axes, column names, points)
+    failures.csv                            runs that raised in the last invocation (absent if none)
+    summary.csv, speedup.csv                tables (see :mod:`servesim.sweep.tables`)
+
+A file in ``points/`` exists only once its run has finished, so a rerun after a crash skips exactly the
+finished runs. A stored run whose config digest differs from the current one (the base config was
+edited) is treated as not finished and rerun.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see either the old file or the whole new one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def to_jsonable(value: Any) -> Any:
+    """Convert numpy scalars/arrays and tuples into plain JSON types (recursively).
+
+    Raises:
+        TypeError: a value that has no JSON form (named in the message).
+    """
+    if isinstance(value, Mapping):
+        return {str(k): to_jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [to_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return to_jsonable(value.tolist())
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"summary value {value!r} of type {type(value).__name__} is not JSON-serialisable")
+
+
+def point_path(out_dir: Path, point_id: str, replication: int) -> Path:
+    """Path of the stored result of (point, replication)."""
+    return out_dir / "points" / f"{point_id}-r{replication}.json"
+
+
+def write_result(out_dir: Path, record: dict[str, Any]) -> Path:
+    """Store one finished run atomically; ``record`` holds ``point_id``, ``replication`` and ``summary``."""
+    path = point_path(out_dir, record["point_id"], record["replication"])
+    text = json.dumps(record, sort_keys=False, indent=1, allow_nan=True) + "\n"
+    atomic_write_text(path, text)
+    return path
+
+
+def read_result(out_dir: Path, point_id: str, replication: int, digest: str) -> dict[str, Any] | None:
+    """The stored record of (point, replication), or None if absent, unreadable or for another config."""
+    path = point_path(out_dir, point_id, replication)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict) or record.get("config_sha256") != digest or "summary" not in record:
+        return None
+    return record

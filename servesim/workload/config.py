@@ -1,0 +1,99 @@
+"""Declarative workload configs (pydantic v2), discriminated on ``type``.
+
+``WorkloadConfig`` is the union, usable as a field annotation (``workload: WorkloadConfig``)::
+
+    type: trace          # replay a file: path, format, rate_scale, start_s, duration_s, max_requests,
+                         # bucket_policy (see servesim.workload.trace)
+    type: poisson        # rate (requests/s), num_requests or duration_s, lengths
+    type: gamma          # rate (requests/s), cv (of the gaps), num_requests or duration_s, lengths
+    type: closed_loop    # concurrency (clients), think_time_s, num_requests, lengths
+
+Lengths of synthetic workloads: ``prompt_tokens`` and ``output_tokens`` (each a length distribution, see
+:mod:`servesim.workload.lengths`), or ``lengths: {type: empirical, path, format}`` to resample
+(prompt, output) pairs jointly from a trace. Paths are relative to the folder of the config file.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from servesim.workload.lengths import EmpiricalPairsConfig, LengthConfig, TraceFormat
+
+
+class TraceWorkloadConfig(BaseModel):
+    """Replay a trace file (Azure CSV or Mooncake JSONL) open loop; see :func:`servesim.workload.load_trace`."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    type: Literal["trace"]
+    path: str = Field(description="trace file, relative to the config file's folder")
+    format: TraceFormat = Field("auto", description="auto: .csv = azure, .jsonl = mooncake")
+    rate_scale: float = Field(1.0, gt=0, description="arrival times are divided by this (2 = twice the rate)")
+    start_s: float = Field(0.0, ge=0, description="window start on the original trace timeline (s)")
+    duration_s: float | None = Field(None, gt=0, description="window length on the original timeline (s)")
+    max_requests: int | None = Field(None, ge=1, description="keep the first N requests of the window")
+    bucket_policy: Literal["burst", "spread"] = Field(
+        "spread", description="Mooncake timestamps shared by m requests: all at T (burst) or T + i*w/m (spread)"
+    )
+
+
+class _SyntheticBase(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    prompt_tokens: LengthConfig | None = Field(None, description="prompt length distribution (tokens)")
+    output_tokens: LengthConfig | None = Field(None, description="output length distribution (tokens)")
+    lengths: EmpiricalPairsConfig | None = Field(None, description="(prompt, output) pairs from a trace")
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> _SyntheticBase:
+        separate = (self.prompt_tokens is not None, self.output_tokens is not None)
+        if self.lengths is not None:
+            if any(separate):
+                raise ValueError("give either lengths, or prompt_tokens and output_tokens, not both")
+        elif not all(separate):
+            raise ValueError("give prompt_tokens and output_tokens (or lengths: {type: empirical, path})")
+        return self
+
+
+class _OpenLoopBase(_SyntheticBase):
+    num_requests: int | None = Field(None, ge=1, description="number of requests")
+    duration_s: float | None = Field(None, gt=0, description="or: every arrival in [0, duration_s) (s)")
+
+    @model_validator(mode="after")
+    def _check_count(self) -> _OpenLoopBase:
+        if (self.num_requests is None) == (self.duration_s is None):
+            raise ValueError("give exactly one of num_requests and duration_s")
+        return self
+
+
+class PoissonWorkloadConfig(_OpenLoopBase):
+    """Poisson arrivals (exponential gaps, never clipped) at ``rate`` requests/s."""
+
+    type: Literal["poisson"]
+    rate: float = Field(gt=0, description="mean arrival rate (requests/s)")
+
+
+class GammaWorkloadConfig(_OpenLoopBase):
+    """Gamma-renewal arrivals: mean rate ``rate`` requests/s, gap coefficient of variation ``cv``."""
+
+    type: Literal["gamma"]
+    rate: float = Field(gt=0, description="mean arrival rate (requests/s)")
+    cv: float = Field(gt=0, description="coefficient of variation of the gaps (1 = Poisson, > 1 burstier)")
+
+
+class ClosedLoopWorkloadConfig(_SyntheticBase):
+    """``concurrency`` clients, each sending its next request ``think_time_s`` after its last one finished."""
+
+    type: Literal["closed_loop"]
+    concurrency: int = Field(ge=1, description="number of clients (requests in flight)")
+    think_time_s: float = Field(0.0, ge=0, description="delay between a finish and the client's next request (s)")
+    num_requests: int = Field(ge=1, description="total requests issued")
+
+
+WorkloadConfig = Annotated[
+    Union[TraceWorkloadConfig, PoissonWorkloadConfig, GammaWorkloadConfig, ClosedLoopWorkloadConfig],
+    Field(discriminator="type"),
+]
+"""A workload (discriminated on ``type``: trace, poisson, gamma, closed_loop)."""

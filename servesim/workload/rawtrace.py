@@ -1,0 +1,56 @@
+"""What a trace parser returns: the file's rows as arrays, before any replay policy is applied."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from servesim.errors import TraceError
+
+
+@dataclass(frozen=True)
+class RawTrace:
+    """The rows of a trace file, in file order (shape ``(N,)`` each).
+
+    Attributes:
+        path: the file as given (for messages).
+        format: ``"azure"`` or ``"mooncake"``.
+        time_s: float64, seconds since the first row (non-decreasing; 0 for the first row).
+        prompt_tokens: int64, prompt lengths as written (tokens, >= 0).
+        output_tokens: int64, output lengths as written (tokens, >= 0).
+        prefix_block_ids: Mooncake ``hash_ids`` per row, or None (not asked for, or not in the file).
+    """
+
+    path: str
+    format: str
+    time_s: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    prefix_block_ids: list[list[int]] | None = None
+
+    def __len__(self) -> int:
+        return int(self.time_s.shape[0])
+
+
+def read_trace_text(path: Path) -> str:
+    """Read a trace file as UTF-8 text (a leading byte-order mark is dropped).
+
+    Raises:
+        TraceError: the file is missing, unreadable, not UTF-8, or empty (one line naming the file).
+    """
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise TraceError(f"{path}: trace file not found") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a folder (expected a trace file)") from None
+    except OSError as exc:
+        raise TraceError(f"{path}: cannot read trace file ({exc.strerror})") from None
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise TraceError(f"{path}: line {line}: expected UTF-8 text (byte {exc.start} is not)") from None
+    return text

@@ -1,0 +1,218 @@
+"""servesim calibrate: fit recovery, input errors, the CLI, and the step-time script's torch-free parts."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servesim.analysis.calibrate import (
+    StepPoint,
+    fit_step_times,
+    predict_step_times,
+    read_step_data,
+    read_step_times_csv,
+    read_vllm_bench_json,
+    step_counts,
+    synthetic_step_points,
+    write_step_times_csv,
+)
+from servesim.cards import load_hardware, load_model
+from servesim.cli import main
+from servesim.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+SYNTHETIC = REPO / "workloads" / "examples" / "step-times-h100-llama8b-synthetic.csv"
+# The factors the shipped synthetic file was generated with (stated in its header).
+TRUE = dict(bandwidth_efficiency=0.75, compute_efficiency=0.62, step_overhead_s=1.2e-3)
+
+
+@pytest.fixture(scope="module")
+def cards():
+    return load_hardware("h100-sxm"), load_model("llama-3.1-8b")
+
+
+def test_step_counts_closed_form():
+    # 5 tokens over 2 requests after 10 cached tokens: one request gets 2, the other 3.
+    # pairs: 2*10 + 2*3/2 = 23 and 3*10 + 3*4/2 = 36.
+    assert step_counts(StepPoint(2, 10, 5, 1.0)) == (5, 2, 2 * 10 + 5, 23 + 36)
+    # Decode: B requests, 1 token each over C: kv = B (C + 1), pairs = B (C + 1).
+    assert step_counts(StepPoint(8, 100, 8, 1.0)) == (8, 8, 808, 808)
+
+
+def test_noise_free_fit_recovers_factors_exactly(cards):
+    hw, model = cards
+    truth = hw.model_copy(update=TRUE)
+    pts = synthetic_step_points(truth, model, np.random.default_rng(0), noise_rel=0.0)
+    fit = fit_step_times(hw, model, pts)
+    # Only the engine's integer-picosecond rounding separates the data from the model.
+    assert fit.bandwidth_efficiency == pytest.approx(0.75, rel=1e-4)
+    assert fit.compute_efficiency == pytest.approx(0.62, rel=1e-4)
+    assert fit.step_overhead_s == pytest.approx(1.2e-3, rel=1e-3)
+    assert fit.max_abs_relative_error < 1e-4
+    assert fit.r_squared > 1 - 1e-8
+    assert fit.kept_from_base == ()
+
+
+def test_shipped_synthetic_file_recovers_known_factors(cards):
+    hw, model = cards
+    assert "SYNTHETIC" in SYNTHETIC.read_text().splitlines()[0]
+    pts = read_step_times_csv(SYNTHETIC)
+    fit = fit_step_times(hw, model, pts)
+    assert fit.bandwidth_efficiency == pytest.approx(0.75, rel=0.03)
+    assert fit.compute_efficiency == pytest.approx(0.62, rel=0.03)
+    assert fit.step_overhead_s == pytest.approx(1.2e-3, rel=0.07)
+    # 2% lognormal noise: RMS relative error of a good fit is about 2%, R^2 close to 1.
+    assert 0.01 < fit.rms_relative_error < 0.03
+    assert fit.r_squared > 0.99
+    # The reported predictions are the simulator's own step-time model with the fitted card.
+    fitted = hw.model_copy(update=dict(bandwidth_efficiency=fit.bandwidth_efficiency,
+                                       compute_efficiency=fit.compute_efficiency,
+                                       step_overhead_s=fit.step_overhead_s))
+    np.testing.assert_allclose(fit.predicted_s, predict_step_times(fitted, model, pts), rtol=1e-12)
+
+
+def test_decode_only_small_batch_keeps_base_compute_efficiency(cards):
+    hw, model = cards
+    truth = hw.model_copy(update=TRUE)
+    pts = synthetic_step_points(truth, model, np.random.default_rng(1), noise_rel=0.0,
+                                batch_sizes=(1, 2, 4, 8), prefill_tokens=())
+    fit = fit_step_times(hw, model, pts)
+    assert fit.kept_from_base == ("compute_efficiency",)
+    assert fit.compute_efficiency == hw.compute_efficiency
+    assert fit.bandwidth_efficiency == pytest.approx(0.75, rel=2e-3)
+
+
+def test_too_few_points(cards):
+    hw, model = cards
+    with pytest.raises(ConfigError, match="at least 3"):
+        fit_step_times(hw, model, [StepPoint(1, 10, 1, 0.01, "x.csv:2")] * 2)
+
+
+@pytest.mark.parametrize(
+    "body, match",
+    [
+        ("batch_size,context_tokens,step_time_s\n1,2,0.1\n", r"f\.csv: line 1: missing column\(s\) scheduled_tokens"),
+        ("# c\nbatch_size,context_tokens,scheduled_tokens,step_time_s\n1,2,1,0.1\nx,2,1,0.1\n",
+         r"f\.csv: line 4: batch_size: expected an integer >= 1 \(got 'x'\)"),
+        ("batch_size,context_tokens,scheduled_tokens,step_time_s\n2,2,1,0.1\n",
+         r"f\.csv: line 2: scheduled_tokens: expected >= batch_size = 2"),
+        ("batch_size,context_tokens,scheduled_tokens,step_time_s\n1,2,1,-3\n",
+         r"f\.csv: line 2: step_time_s: expected a positive number \(got '-3'\)"),
+        ("batch_size,context_tokens,scheduled_tokens,step_time_s\n", r"f\.csv: no data rows"),
+    ],
+)
+def test_csv_errors_are_one_line_naming_file_and_line(tmp_path, body, match):
+    path = tmp_path / "f.csv"
+    path.write_text(body)
+    with pytest.raises(ConfigError, match=match) as info:
+        read_step_times_csv(path)
+    assert "\n" not in str(info.value)
+
+
+def test_csv_round_trip(tmp_path):
+    pts = [StepPoint(4, 100, 4, 0.0125), StepPoint(1, 0, 512, 0.05)]
+    path = tmp_path / "s.csv"
+    write_step_times_csv(pts, path, ["note"])
+    back = read_step_data(path)
+    assert [(p.batch_size, p.context_tokens, p.scheduled_tokens) for p in back] == [(4, 100, 4), (1, 0, 512)]
+    assert [p.step_time_s for p in back] == pytest.approx([0.0125, 0.05], rel=1e-6)
+
+
+BENCH = {"completed": 200, "max_concurrency": 16, "total_input_tokens": 200_000, "total_output_tokens": 40_000,
+         "median_tpot_ms": 12.5, "mean_tpot_ms": 13.0, "duration": 100.0, "mean_e2el_ms": 4000.0}
+
+
+def test_vllm_bench_result_mapping(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(BENCH))
+    (pt,) = read_vllm_bench_json(path)
+    # context = (input + output / 2) / completed = (1000 + 100) tokens; step = median TPOT.
+    assert (pt.batch_size, pt.context_tokens, pt.scheduled_tokens) == (16, 1100, 16)
+    assert pt.step_time_s == pytest.approx(0.0125)
+    # Without --max-concurrency: Little's law, completed * mean E2E / duration = 200 * 4 / 100 = 8.
+    lines = tmp_path / "b.jsonl"
+    lines.write_text(json.dumps({**BENCH, "max_concurrency": None}) + "\n" + json.dumps(BENCH) + "\n")
+    pts = read_step_data(lines)
+    assert [p.batch_size for p in pts] == [8, 16]
+
+
+def test_vllm_bench_errors_name_file_and_field(tmp_path):
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({k: v for k, v in BENCH.items() if k not in ("median_tpot_ms", "mean_tpot_ms")}))
+    with pytest.raises(ConfigError, match=r"b\.json: mean_tpot_ms: expected a positive number"):
+        read_vllm_bench_json(path)
+    path.write_text('{"completed": 3}\n{oops\n')
+    with pytest.raises(ConfigError, match=r"b\.json: line 2: invalid JSON"):
+        read_vllm_bench_json(path)
+    with pytest.raises(ConfigError, match=r"expected a step-time \.csv"):
+        read_step_data(tmp_path / "x.parquet")
+
+
+def test_cli_writes_a_loadable_card(tmp_path, capsys):
+    out = tmp_path / "card.yaml"
+    rc = main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(SYNTHETIC),
+               "--out", str(out), "--quiet"])
+    assert rc == 0
+    text = out.read_text()
+    assert "# fit quality: R^2 = " in text and "rel_error" in text and SYNTHETIC.name in text
+    card = load_hardware(str(out))
+    assert card.name == "H100 SXM (calibrated)"
+    assert card.bandwidth_efficiency == pytest.approx(0.75, rel=0.03)
+    assert card.memory_bandwidth_bytes_per_s == load_hardware("h100-sxm").memory_bandwidth_bytes_per_s
+    assert "R^2" in capsys.readouterr().out
+
+
+def test_cli_bad_data_is_one_line_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("batch_size,context_tokens,scheduled_tokens,step_time_s\n1,1,1,zero\n")
+    rc = main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(bad)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.strip().count("\n") == 0 and "bad.csv: line 2: step_time_s" in err
+
+
+# ------------------------------------------------------------------ benchmarks/measure_step_times.py
+def _load_script():
+    spec = importlib.util.spec_from_file_location("measure_step_times", REPO / "benchmarks" / "measure_step_times.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["measure_step_times"] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_measure_script_grid_and_shapes():
+    m = _load_script()
+    grid = m.build_grid([1, 4], [256, 2048], [512], [0])
+    assert sorted(grid) == sorted([("decode", 1, 256, 1), ("decode", 1, 2048, 1), ("decode", 4, 256, 4),
+                                   ("decode", 4, 2048, 4), ("prefill", 1, 0, 512)])
+    assert grid[:2] == [("decode", 1, 256, 1), ("prefill", 1, 0, 512)]  # both kinds early
+    shape = m.resolve_shape("llama-3.1-8b")
+    assert shape.kv_bytes_per_token() == load_model("llama-3.1-8b").kv_bytes_per_token == 131072
+    assert m.resolve_shape("anything", tiny=True) == m.TINY_SHAPE
+
+
+def test_measure_script_without_torch_says_so(capsys, tmp_path):
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("torch is installed; the missing-torch message cannot be exercised")
+    m = _load_script()
+    assert m.main(["--tiny", "--device", "cpu", "--out", str(tmp_path / "s.csv")]) == 1
+    assert "PyTorch is not installed" in capsys.readouterr().err
+
+
+def test_measure_script_cpu_smoke(tmp_path):
+    pytest.importorskip("torch")
+    m = _load_script()
+    out = tmp_path / "s.csv"
+    rc = m.main(["--tiny", "--device", "cpu", "--batch-sizes", "1,2", "--contexts", "8", "--prefill-tokens", "16",
+                 "--prefill-contexts", "0,8", "--repeats", "2", "--warmup", "1", "--out", str(out)])
+    assert rc == 0
+    pts = read_step_times_csv(out)
+    assert sorted((p.batch_size, p.context_tokens, p.scheduled_tokens) for p in pts) == [
+        (1, 0, 16), (1, 8, 1), (1, 8, 16), (2, 8, 2)]
+    env = json.loads(out.with_suffix(".env.json").read_text())
+    assert env["points_measured"] == 4 and env["model_shape"]["num_hidden_layers"] == 2

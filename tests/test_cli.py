@@ -1,0 +1,133 @@
+"""The command line: outputs of `servesim run`, and one-line errors without tracebacks."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servesim.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {
+    "hardware": "h100-sxm",
+    "model": "llama-3.1-8b",
+    "workload": {
+        "type": "poisson",
+        "rate": 5.0,
+        "num_requests": 200,
+        "prompt_tokens": {"type": "uniform", "low": 10, "high": 2000},
+        "output_tokens": {"type": "uniform", "low": 1, "high": 300},
+    },
+    "slo": {"ttft_s": 0.5, "tpot_s": 0.05},
+}
+
+
+def write_yaml(path: Path, data) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_run_writes_all_outputs(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out")]) == 0
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["num_requests"] == summary["completed"] == 200
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert set(summary[key]) >= {"mean", "p50", "p90", "p95", "p99"}
+    assert summary["request_throughput"] > 0 and summary["output_throughput"] > 0
+    with open(out / "requests.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 200
+    assert {"request_id", "arrival_s", "prompt_tokens", "output_tokens", "ttft_s", "tpot_s", "e2e_s", "queue_s",
+            "preemptions"} <= set(rows[0])
+    with open(out / "steps.csv") as f:
+        steps = list(csv.DictReader(f))
+    assert steps and {"start_s", "duration_s", "batch_size", "num_tokens", "kv_blocks_used"} <= set(steps[0])
+    assert (out / "latency.png").stat().st_size > 10_000
+    assert "TTFT" in capsys.readouterr().out
+
+
+def test_seed_and_set_override(tmp_path):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    main(["run", str(cfg), "--out", str(tmp_path / "a"), "--no-plot", "--quiet", "--seed", "3"])
+    main(["run", str(cfg), "--out", str(tmp_path / "b"), "--no-plot", "--quiet", "--seed", "3"])
+    main(["run", str(cfg), "--out", str(tmp_path / "c"), "--no-plot", "--quiet", "--seed", "4",
+          "--set", "engine.max_num_seqs=8"])
+    a, b, c = ((tmp_path / d / "requests.csv").read_text() for d in "abc")
+    assert a == b and a != c
+    assert json.loads((tmp_path / "c" / "summary.json").read_text())["setup"]["max_num_seqs"] == 8
+    assert not (tmp_path / "a" / "latency.png").exists()
+
+
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith("servesim: error: ")
+    return err
+
+
+def test_unknown_key_names_file_and_field(tmp_path, capsys):
+    bad = dict(SMALL, engine={"max_num_seq": 8})
+    cfg = write_yaml(tmp_path / "bad.yaml", bad)
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert "bad.yaml" in err and "engine.max_num_seq" in err and "unknown key" in err
+    assert not (tmp_path / "o").exists()  # nothing half-written
+
+
+def test_wrong_type_and_value(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "bad.yaml", dict(SMALL, engine={"max_num_seqs": "many"}))
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert "engine.max_num_seqs" in err and "'many'" in err
+    cfg = write_yaml(tmp_path / "bad2.yaml", dict(SMALL, engine={"gpu_memory_utilization": 1.5}))
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert "engine.gpu_memory_utilization" in err and "1.5" in err
+
+
+def test_invalid_yaml_names_the_line(tmp_path, capsys):
+    cfg = tmp_path / "broken.yaml"
+    cfg.write_text("hardware: h100-sxm\nmodel: [llama\n")
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert "broken.yaml" in err and "line" in err
+
+
+def test_malformed_trace_row_names_file_and_line(tmp_path, capsys):
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                     "2023-11-16 18:15:46.6805900,374,44\n"
+                     "2023-11-16 18:15:50.9951690,abc,109\n")
+    cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, workload={"type": "trace", "path": "t.csv"}))
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert "t.csv" in err and "line 3" in err
+
+
+def test_unknown_card_and_model_that_does_not_fit(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, hardware="h900"))
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert "h900" in err
+    cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, hardware="l4", model="llama-3.1-70b"))
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert "does not fit" in err
+
+
+def test_bad_set_assignment(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o"), "--set", "engine.max_num_seqs"])
+    assert "engine.max_num_seqs" in err
+
+
+def test_console_script_exit_status(tmp_path):
+    cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, seed=-1))
+    proc = subprocess.run([sys.executable, "-c", "import sys; from servesim.cli import main; sys.exit(main())",
+                           "run", str(cfg), "--out", str(tmp_path / "o")], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "seed" in proc.stderr

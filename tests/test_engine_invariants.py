@@ -1,0 +1,132 @@
+"""Invariants of the engine over random configurations (hypothesis), and run mode == step mode."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine_helpers import realistic_step_model, run_engine
+from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.core import Engine
+from servesim.roofline import PS_PER_S
+
+configs = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 2**32 - 1),
+        "n": st.integers(1, 120),
+        "block_size": st.sampled_from([1, 2, 4, 16]),
+        "max_num_seqs": st.integers(1, 64),
+        "max_num_batched_tokens": st.integers(8, 4096),
+        "spare_blocks": st.integers(0, 400),
+        "max_prompt": st.integers(1, 2000),
+        "max_output": st.integers(1, 300),
+        "rate": st.floats(0.5, 200.0),
+        "chunked": st.booleans(),
+        "closed_loop": st.integers(0, 8),
+    }
+)
+
+
+def _build(c):
+    rng = np.random.default_rng(np.random.SeedSequence(c["seed"]))
+    n = c["n"]
+    prompt = rng.integers(1, c["max_prompt"] + 1, n)
+    output = rng.integers(1, c["max_output"] + 1, n)
+    if not c["chunked"]:  # vLLM needs max_num_batched_tokens >= max_model_len without chunked prefill
+        cap = c["max_num_batched_tokens"]
+        prompt = np.minimum(prompt, max(cap // 2, 1))
+        output = np.clip(np.minimum(output, cap - prompt), 1, None)
+    arrival = np.cumsum(rng.exponential(1.0 / c["rate"], n))
+    longest = int((prompt + output).max())
+    blocks = -(-longest // c["block_size"]) + c["spare_blocks"]
+    return prompt, output, arrival, blocks
+
+
+def _run(c, mode, check_blocks=False):
+    prompt, output, arrival, blocks = _build(c)
+    kw = dict(block_size=c["block_size"], max_num_seqs=c["max_num_seqs"], kv_blocks=blocks,
+              max_num_batched_tokens=c["max_num_batched_tokens"], chunked=c["chunked"], mode=mode)
+    if c["closed_loop"]:
+        return run_engine(prompt, output, concurrency=c["closed_loop"], **kw), prompt, output, blocks
+    return run_engine(prompt, output, arrival, **kw), prompt, output, blocks
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs)
+def test_every_request_finishes_with_exactly_its_tokens_and_modes_agree(c):
+    eng_run, prompt, output, blocks = _run(c, "run")
+    eng_step, *_ = _run(c, "step")
+    r = eng_run.output().requests
+    # every request finishes, with exactly its output tokens, none lost to preemption
+    assert np.all(r.generated_tokens == output)
+    assert not np.isnan(r.finish_s).any()
+    assert np.all(r.first_token_s >= r.first_scheduled_s)
+    assert np.all(r.finish_s >= r.first_token_s)
+    assert np.all(r.first_scheduled_s >= r.arrival_s)
+    # all blocks are returned at the end
+    assert eng_run.free == blocks and eng_step.free == blocks
+    # bit-identical per-request times in both modes (integer picoseconds)
+    for name in ("arr", "first_sched", "first_tok", "fin", "npre", "gen"):
+        assert getattr(eng_run, name) == getattr(eng_step, name), name
+    assert sorted(eng_run.extra_itl) == sorted(eng_step.extra_itl)
+    s_run, s_step = eng_run.output().steps, eng_step.output().steps
+    assert int((s_run.itl_samples * s_run.num_steps).sum()) == int(s_step.itl_samples.sum())
+    assert int((s_run.num_tokens * s_run.num_steps).sum()) == int(s_step.num_tokens.sum())
+
+
+class _CheckedEngine(Engine):
+    """Step-mode engine that checks the block accounting after every step."""
+
+    def _explicit_step(self):
+        super()._explicit_step()
+        held = sum(self.blk[r] for r in self.running)
+        assert 0 <= self.free <= self.total_blocks
+        assert held + self.free == self.total_blocks
+        for r in self.running:
+            assert self.blk[r] >= -(-self.nc[r] // self.bs)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(configs)
+def test_kv_blocks_never_exceed_capacity_or_go_negative(c):
+    prompt, output, arrival, blocks = _build(c)
+    import simpy
+
+    times = np.rint(arrival * PS_PER_S).astype(np.int64).tolist()
+    eng = _CheckedEngine(prompt_tokens=prompt, output_tokens=output,
+                         arrivals=ArrivalSource(times=times, num_requests=len(times)),
+                         step_time=realistic_step_model(), kv_blocks_total=blocks, block_size=c["block_size"],
+                         max_num_seqs=c["max_num_seqs"], max_num_batched_tokens=c["max_num_batched_tokens"],
+                         enable_chunked_prefill=c["chunked"], mode="step")
+    env = simpy.Environment()
+    env.process(eng.process(env))
+    env.run()
+    log = eng.output().steps
+    assert (log.kv_blocks_used <= blocks).all() and (log.kv_blocks_used >= 0).all()
+    assert np.all(eng.output().requests.generated_tokens == output)
+
+
+def test_preemption_happens_and_loses_nothing():
+    rng = np.random.default_rng(np.random.SeedSequence(3))
+    n = 200
+    prompt = rng.integers(100, 1500, n)
+    output = rng.integers(50, 400, n)
+    arrival = np.cumsum(rng.exponential(0.01, n))
+    for mode in ("run", "step"):
+        eng = run_engine(prompt, output, arrival, kv_blocks=400, mode=mode)
+        r = eng.output().requests
+        assert r.preemptions.sum() > 0
+        assert np.all(r.generated_tokens == output)
+        assert eng.output().steps.num_preempted.sum() == r.preemptions.sum()
+
+
+def test_same_inputs_same_outputs():
+    rng = np.random.default_rng(np.random.SeedSequence(8))
+    prompt, output = rng.integers(1, 3000, 300), rng.integers(1, 400, 300)
+    arrival = np.cumsum(rng.exponential(0.05, 300))
+    a = run_engine(prompt, output, arrival, kv_blocks=3000).output()
+    b = run_engine(prompt, output, arrival, kv_blocks=3000).output()
+    for name in ("arrival_s", "first_token_s", "finish_s", "preemptions"):
+        np.testing.assert_array_equal(getattr(a.requests, name), getattr(b.requests, name))
+    np.testing.assert_array_equal(a.steps.duration_s, b.steps.duration_s)

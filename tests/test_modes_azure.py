@@ -1,0 +1,59 @@
+"""Run mode (runs of identical decode steps at once) == step mode (one step at a time), bit for bit,
+on the real Azure conversation trace at its own rate and at 4x (a full KV cache and preemptions)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from servesim import simulate
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "workloads" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def config(rate_scale: float, mode: str, duration_s: float | None, blocks: int | None) -> dict:
+    engine = {} if blocks is None else {"num_gpu_blocks_override": blocks}
+    return {
+        "hardware": "h100-sxm",
+        "model": "llama-3.1-8b",
+        "engine": engine,
+        "workload": {"type": "trace", "path": str(TRACE), "rate_scale": rate_scale, "duration_s": duration_s},
+        "simulation": {"mode": mode},
+    }
+
+
+def assert_identical(a, b):
+    ra, rb = a.output.requests, b.output.requests
+    for name in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "generated_tokens"):
+        np.testing.assert_array_equal(getattr(ra, name), getattr(rb, name), err_msg=name)
+    np.testing.assert_array_equal(np.sort(a.output.extra_itl_s), np.sort(b.output.extra_itl_s))
+    for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
+        assert a.summary[key] == b.summary[key], key
+
+
+@pytest.mark.parametrize(
+    "rate_scale, blocks",
+    [(1.0, None), (4.0, 2500)],  # 4x with a small KV cache (2,500 blocks = 40,000 tokens) to preempt often
+)
+def test_run_mode_equals_step_mode_on_azure_window(rate_scale, blocks):
+    run = simulate(config(rate_scale, "run", 240.0, blocks))
+    step = simulate(config(rate_scale, "step", 240.0, blocks))
+    assert run.summary["completed"] == run.summary["num_requests"] > 1000
+    if blocks is not None:
+        assert int(run.output.requests.preemptions.sum()) > 50
+    assert len(run.output.steps) < len(step.output.steps)  # the fast path really ran runs of steps
+    assert_identical(run, step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rate_scale", [1.0, 4.0])
+def test_run_mode_equals_step_mode_on_full_azure_trace(rate_scale):
+    run = simulate(config(rate_scale, "run", None, None))
+    step = simulate(config(rate_scale, "step", None, None))
+    assert run.summary["completed"] == 19366
+    if rate_scale == 4.0:
+        assert int(run.output.requests.preemptions.sum()) > 0
+    assert_identical(run, step)

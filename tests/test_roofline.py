@@ -1,0 +1,78 @@
+"""Step times from the roofline: the seed lesson's Example 12 exactly, and the H100 calibration."""
+
+from __future__ import annotations
+
+import pytest
+
+from servesim.cards import load_hardware, load_model
+from servesim.roofline import PS_PER_S, build_step_time_model
+
+
+@pytest.fixture(scope="module")
+def lesson():
+    # Example 12: 16e9 B of weights, 3.35e12 B/s, 16e9 FLOP per token, 989e12 FLOP/s, ideal roofline.
+    return build_step_time_model(load_hardware("lesson-h100-sxm"), load_model("lesson-8b-fp16"), 1, "ideal")
+
+
+def step_ms(model, tokens: int) -> float:
+    return model.step_ps(tokens, 0, 0, 0) / PS_PER_S * 1e3
+
+
+def test_example12_plain_step_is_memory_bound_at_4_78_ms(lesson):
+    for batch in (1, 8, 32, 64, 128, 256):
+        assert round(step_ms(lesson, batch), 2) == 4.78
+    assert step_ms(lesson, 1) == pytest.approx(16e9 / 3.35e12 * 1e3, rel=1e-9)
+
+
+def test_example12_compute_bound_above_295_tokens(lesson):
+    assert round(lesson.compute_bound_tokens()) == 295
+    assert step_ms(lesson, 295) == pytest.approx(step_ms(lesson, 1), rel=1e-9)
+    assert step_ms(lesson, 296) > step_ms(lesson, 295)
+    assert step_ms(lesson, 640) == pytest.approx(640 * 16e9 / 989e12 * 1e3, rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "batch, round_ms",
+    [(1, 5.73), (8, 5.73), (32, 5.73), (64, 6.13), (128, 11.31), (256, 21.66)],
+)
+def test_example12_speculative_round_times(lesson, batch, round_ms):
+    # A round verifies batch x (k+1) tokens and pays k draft steps at c = 0.05 of a plain step.
+    k, c = 4, 0.05
+    assert round(step_ms(lesson, batch * (k + 1)) + k * c * step_ms(lesson, batch), 2) == round_ms
+
+
+def test_ideal_mode_has_no_kv_or_attention_terms(lesson):
+    assert lesson.kv_ps_per_token == 0 and lesson.attn_ps_per_pair == 0
+    assert lesson.step_ps(1, 1, 10_000, 10_000) == lesson.step_ps(1, 1, 0, 0)
+
+
+def test_calibrated_llama8b_h100_batch1_decode_is_about_7_5_ms():
+    model = build_step_time_model(load_hardware("h100-sxm"), load_model("llama-3.1-8b"), 1, "calibrated")
+    # batch 1 at a 1,000-token context (vLLM V1 measures 133 tok/s = 7.5 ms per token, PR 16937)
+    t = model.step_ps(1, 1, 1000, 1000) / PS_PER_S
+    assert t == pytest.approx(7.5e-3, rel=0.05)
+
+
+def test_kv_term_reads_kv_bytes_per_token_at_effective_bandwidth():
+    hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
+    model = build_step_time_model(hw, m, 1, "calibrated")
+    expected_ps = m.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency) * PS_PER_S
+    assert model.kv_ps_per_token == round(expected_ps)
+
+
+def test_tensor_parallel_splits_weights_and_adds_allreduce():
+    hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-70b")
+    tp1 = build_step_time_model(hw, m, 1, "calibrated")
+    tp4 = build_step_time_model(hw, m, 4, "calibrated")
+    w1 = tp1.weight_read_s(1)
+    assert tp4.weight_read_s(1) == pytest.approx(w1 / 4, rel=1e-12)
+    assert tp4.allreduce_fixed_s == pytest.approx(2 * m.num_hidden_layers * hw.allreduce_latency_s)
+    assert tp4.base_s(1, 1) > tp4.overhead_s + w1 / 4
+    assert tp4.kv_ps_per_token == pytest.approx(tp1.kv_ps_per_token / 4, rel=1e-4)
+
+
+def test_moe_reads_only_touched_experts():
+    hw, m = load_hardware("h100-sxm"), load_model("mixtral-8x7b")
+    model = build_step_time_model(hw, m, 2, "calibrated")
+    assert model.weight_read_s(1) < model.weight_read_s(4) <= model.weight_read_s(1000)
+    assert model.weight_read_s(1000) == pytest.approx(m.weight_bytes / 2 / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency))

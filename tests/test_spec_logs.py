@@ -1,0 +1,172 @@
+"""Acceptance from serving logs: vLLM log lines (seed lesson Example 11), Prometheus counters, llama.cpp
+timings and log lines (Example 10), and the ``servesim acceptance from-*`` sub-commands."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from servesim.cli import main
+from servesim.errors import TraceError
+from servesim.speculation.logs import (
+    fit_constant_alpha,
+    parse_llamacpp,
+    parse_prometheus,
+    parse_prometheus_text,
+    parse_vllm_log,
+    parse_vllm_log_lines,
+)
+from servesim.speculation.profile import load_profile
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "workloads" / "examples"
+EXAMPLE_11 = (
+    "SpecDecoding metrics: Mean acceptance length: 2.65, Accepted throughput: 82.50 tokens/s, "
+    "Drafted throughput: 150.00 tokens/s, Accepted: 1650 tokens, Drafted: 3000 tokens, "
+    "Per-position acceptance rate: 0.750, 0.530, 0.370, Avg Draft acceptance rate: 55.0%"
+)
+
+
+def test_example_11_arithmetic():
+    c = parse_vllm_log_lines(["INFO something else", EXAMPLE_11], "x.log")
+    assert c.k == 3
+    assert c.num_drafts == 1000  # 3000 drafted / k = 3
+    assert (c.num_draft_tokens, c.num_accepted_tokens) == (3000, 1650)
+    assert c.mean_acceptance_length == pytest.approx(2.65, abs=1e-12)  # 1 + 1650 / 1000
+    assert c.draft_acceptance_rate == pytest.approx(0.55, abs=1e-12)  # 1650 / 3000
+    assert c.accepted_per_position == [750, 530, 370]
+    profile = c.to_profile("ex11", method="eagle3")
+    assert list(profile.unconditional()) == pytest.approx([0.750, 0.530, 0.370], abs=1e-12)
+    assert profile.mean_acceptance_length(3) == pytest.approx(2.65, abs=1e-12)  # 1 + sum of rates
+    assert profile.rates_include_no_match is False
+
+
+def test_example_log_pools_lines_by_drafts():
+    c = parse_vllm_log(EXAMPLES / "vllm-specdecode-eagle3-k3.log")
+    # Lines with 1000, 400 and 600 drafts: per-position counts 750+320+420, 530+240+300, 370+180+210.
+    assert c.num_drafts == 2000
+    assert c.accepted_per_position == [1490, 1070, 760]
+    assert list(c.per_position_acceptance) == pytest.approx([0.745, 0.535, 0.380], abs=1e-12)
+    # A plain mean of the three lines' rates would give 0.750 at position 1: weighting matters.
+    assert c.mean_acceptance_length == pytest.approx(1 + 3320 / 2000, abs=1e-12)
+    assert c.draft_acceptance_rate == pytest.approx(3320 / 6000, abs=1e-12)
+
+
+def test_short_drafts_use_the_per_position_rates():
+    # n-gram-like: 100 drafts of 2 tokens with k = 3; Drafted / k = 66.7 would be wrong.
+    line = ("SpecDecoding metrics: Mean acceptance length: 1.90, Accepted: 90 tokens, Drafted: 200 tokens, "
+            "Per-position acceptance rate: 0.600, 0.300, 0.000, Avg Draft acceptance rate: 45.0%")
+    c = parse_vllm_log_lines([line], "n.log")
+    assert c.num_drafts == 100
+    assert c.accepted_per_position == [60, 30, 0]
+
+
+@pytest.mark.parametrize(
+    "lines, match",
+    [
+        (["nothing here"], r"x\.log: no 'SpecDecoding metrics:' lines"),
+        (["ok", "SpecDecoding metrics: Accepted: 5 tokens, Per-position acceptance rate: 0.5"],
+         r"x\.log: line 2: SpecDecoding metrics line without 'Drafted: N tokens'"),
+        ([EXAMPLE_11, "SpecDecoding metrics: Accepted: 5 tokens, Drafted: 10 tokens, Per-position acceptance rate: "
+          "0.5, 0.0"], r"x\.log: line 2: 2 per-position rates, expected 3"),
+        (["SpecDecoding metrics: Accepted: 900 tokens, Drafted: 300 tokens, Per-position acceptance rate: "
+          "0.900, 0.800, 0.700"], r"x\.log: line 1: .*inconsistent"),
+    ],
+)
+def test_vllm_log_errors(lines, match):
+    with pytest.raises(TraceError, match=match) as info:
+        parse_vllm_log_lines(lines, "x.log")
+    assert "\n" not in str(info.value)
+
+
+def test_prometheus_example_matches_the_log():
+    c = parse_prometheus(EXAMPLES / "vllm-metrics-eagle3-k3.prom")
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (2000, 6000, 3320)
+    assert c.accepted_per_position == [1490, 1070, 760]
+    assert c.k == 3
+
+
+def test_prometheus_baseline_and_one_based_positions():
+    after = "\n".join([
+        "vllm:spec_decode_num_drafts 300", "vllm:spec_decode_num_draft_tokens 600",
+        "vllm:spec_decode_num_accepted_tokens 250",
+        'vllm:spec_decode_num_accepted_tokens_per_pos{position="1"} 160',
+        'vllm:spec_decode_num_accepted_tokens_per_pos{position="2"} 90',
+    ])
+    before = after.replace(" 300", " 100").replace(" 600", " 200").replace(" 250", " 50").replace(
+        " 160", " 40").replace(" 90", " 10")
+    c = parse_prometheus_text(after, "after.prom", before, "before.prom")
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (200, 400, 200)
+    assert c.accepted_per_position == [120, 80]
+    with pytest.raises(TraceError, match=r"after\.prom: vllm:spec_decode_num_\w+: smaller than in before\.prom"):
+        parse_prometheus_text(before, "after.prom", after, "before.prom")
+    with pytest.raises(TraceError, match=r"x\.prom: counter vllm:spec_decode_num_drafts not found"):
+        parse_prometheus_text("vllm:spec_decode_num_draft_tokens_total 5\n", "x.prom")
+
+
+def test_fit_constant_alpha_closed_forms():
+    assert fit_constant_alpha(1.7, 1) == pytest.approx(0.7, abs=1e-12)  # AL = 1 + alpha
+    assert fit_constant_alpha(1.75, 2) == pytest.approx(0.5, abs=1e-12)  # 1 + 0.5 + 0.25
+    assert fit_constant_alpha(0.9, 3) == 0.0 and fit_constant_alpha(5.0, 4) == 1.0
+    with pytest.raises(ValueError):
+        fit_constant_alpha(2.0, 0)
+
+
+def test_llamacpp_timings_example_10():
+    c = parse_llamacpp(EXAMPLES / "llamacpp-responses.jsonl", k=4)
+    # Greedy: 40 tokens, 31 accepted -> 40 - 1 - 31 = 8 rounds; sampled: 40 - 1 - 1 = 38 rounds.
+    assert (c.num_drafts, c.num_draft_tokens, c.num_accepted_tokens) == (46, 177, 32)
+    assert c.accepted_per_position is None
+    profile = c.to_profile("llamacpp", method="draft_model")
+    assert profile.conditional_acceptance is not None and len(profile.conditional_acceptance) == 1
+    assert profile.mean_acceptance_length(4) == pytest.approx(1 + 32 / 46, abs=1e-5)
+
+
+def test_llamacpp_log_lines_example_10(tmp_path):
+    greedy = tmp_path / "g.log"
+    greedy.write_text("slot print_timing: id  0 | task 0 | draft acceptance = 1.00000 (   31 accepted /    31 "
+                      "generated), mean len =  4.88\n")
+    c = parse_llamacpp(greedy, k=4)
+    assert c.num_drafts == 8 and c.mean_acceptance_length == pytest.approx(4.875, abs=1e-12)  # 1 + 31/8
+    both = parse_llamacpp(EXAMPLES / "llamacpp-server.log", k=4)
+    assert (both.num_draft_tokens, both.num_accepted_tokens) == (177, 32)
+    # Sampled request: mean len 1.03 (printed) allows 37-40 rounds, at least ceil(146 / 4) = 37; truth is 38.
+    assert 8 + 37 <= both.num_drafts <= 8 + 40
+
+
+def test_llamacpp_errors(tmp_path):
+    bad = tmp_path / "r.jsonl"
+    bad.write_text(json.dumps({"timings": {"draft_n": 4, "draft_n_accepted": 1, "predicted_n": 9}}) + "\n{nope\n")
+    with pytest.raises(TraceError, match=r"r\.jsonl: line 2: invalid JSON"):
+        parse_llamacpp(bad, k=4)
+    bad.write_text(json.dumps({"timings": {"draft_n": 4, "draft_n_accepted": 5}}) + "\n")
+    with pytest.raises(TraceError, match=r"r\.jsonl: line 1: timings\.draft_n_accepted = 5 exceeds draft_n = 4"):
+        parse_llamacpp(bad, k=4)
+    empty = tmp_path / "e.log"
+    empty.write_text("nothing\n")
+    with pytest.raises(TraceError, match=r"e\.log: no llama\.cpp speculative statistics"):
+        parse_llamacpp(empty, k=3)
+
+
+def test_cli_from_vllm_log_writes_a_loadable_profile(tmp_path, capsys):
+    out = tmp_path / "mine.yaml"
+    rc = main(["acceptance", "from-vllm-log", "--input", str(EXAMPLES / "vllm-specdecode-eagle3-k3.log"),
+               "--method", "eagle3", "--out", str(out)])
+    assert rc == 0
+    profile = load_profile(str(out))
+    assert profile.name == "mine" and profile.method == "eagle3"
+    assert list(profile.unconditional()) == pytest.approx([0.745, 0.535, 0.38], abs=1e-12)
+    assert "mean acceptance length: 2.6600" in capsys.readouterr().out
+
+
+def test_cli_from_prometheus_and_llamacpp(tmp_path, capsys):
+    assert main(["acceptance", "from-prometheus", "--input", str(EXAMPLES / "vllm-metrics-eagle3-k3.prom"),
+                 "--out", str(tmp_path / "p.yaml")]) == 0
+    assert load_profile(str(tmp_path / "p.yaml")).mean_acceptance_length(3) == pytest.approx(2.66, abs=1e-12)
+    assert main(["acceptance", "from-llamacpp", "--input", str(EXAMPLES / "llamacpp-responses.jsonl"), "--k", "4",
+                 "--out", str(tmp_path / "l.yaml")]) == 0
+    assert load_profile(str(tmp_path / "l.yaml")).mean_acceptance_length(4) == pytest.approx(1 + 32 / 46, abs=1e-5)
+    rc = main(["acceptance", "from-prometheus", "--input", str(EXAMPLES / "llamacpp-server.log")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "llamacpp-server.log: counter" in err

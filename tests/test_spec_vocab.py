@@ -1,0 +1,89 @@
+"""Draft vocabulary compatibility (llama.cpp rules): the lesson's six cases and tokenizer.json round trips."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from servesim.errors import ConfigError
+from servesim.speculation.vocab import Vocab, check_compatible, load_vocab
+
+DATA = Path(__file__).parent / "data" / "vocab"
+BASE = ("<s>", "</s>", "<pad>", "<x1>", "<x2>", "def", " add", "(", "a", ",", " b", "):")
+
+
+def _with(i: int, text: str) -> tuple[str, ...]:
+    t = list(BASE)
+    t[i] = text
+    return tuple(t)
+
+
+def test_lesson_six_cases():
+    target = Vocab("target-7b", "BPE", 0, 1, BASE)
+    drafts = [
+        (Vocab("same-family-0.5b", "BPE", 0, 1, BASE), "compatible"),
+        (Vocab("padded-vocab", "BPE", 0, 1, BASE + ("<extra_0>",)), "compatible"),
+        (Vocab("other-family", "BPE", 0, 1, _with(6, " plus")), "token 6 differs: ' add' vs ' plus'"),
+        (Vocab("sentencepiece-model", "SPM", 0, 1, BASE), "vocab type differs: SPM"),
+        (Vocab("different-eos", "BPE", 0, 2, BASE), "EOS id differs: 2"),
+        (Vocab("special-tokens-only", "BPE", 0, 1, _with(3, "<tool>")), "compatible"),
+    ]
+    for draft, expected in drafts:
+        assert check_compatible(target, draft, max_size_difference=2) == expected, draft.name
+
+
+def test_size_bos_and_flags():
+    target = Vocab("t", "BPE", 0, 1, BASE)
+    bigger = Vocab("d", "BPE", 0, 1, BASE + ("x",) * 3)
+    assert check_compatible(target, bigger, max_size_difference=2) == "size differs by 3"
+    assert check_compatible(target, bigger) == "compatible"  # llama.cpp's 128
+    assert check_compatible(target, Vocab("d", "BPE", 2, 1, BASE)) == "BOS id differs: 2"
+    flagged = Vocab("t", "BPE", 0, 1, BASE, add_bos=True)
+    assert check_compatible(flagged, Vocab("d", "BPE", 0, 1, BASE, add_bos=False)) == "add BOS flag differs: False"
+    assert check_compatible(flagged, Vocab("d", "BPE", 0, 1, BASE)) == "compatible"  # unknown flag: not compared
+    assert check_compatible(target, Vocab("d", "BPE", 0, 1, _with(4, "zz"))) == "compatible"
+
+
+def test_tokenizer_json_round_trip():
+    target = load_vocab(DATA / "target")
+    assert target.type == "BPE" and target.bos_id == 0 and target.eos_id == 1 and target.size == 12
+    assert target.add_bos is True and target.add_eos is False
+    assert target.tokens[6] == "Ġadd"
+    cases = {
+        "draft-padded": "compatible",
+        "draft-other-family": "token 6 differs: 'Ġadd' vs 'Ġplus'",
+        "draft-sentencepiece": "vocab type differs: SPM",
+        "draft-different-eos": "EOS id differs: 2",
+        "draft-no-add-bos": "add BOS flag differs: False",
+    }
+    for name, expected in cases.items():
+        assert check_compatible(target, load_vocab(DATA / name / "tokenizer.json"), 2) == expected, name
+
+
+def test_yaml_cards():
+    card = load_vocab(DATA / "card-target.yaml")
+    assert card.name == "target-card" and card.tokens == load_vocab(DATA / "target").tokens
+    inline = load_vocab(DATA / "card-inline.yaml")
+    assert check_compatible(card, inline) == "compatible"
+
+
+def test_cli_exit_codes(capsys):
+    from servesim.cli import main
+
+    assert main(["check-draft", str(DATA / "target"), str(DATA / "draft-padded")]) == 0
+    assert capsys.readouterr().out.strip() == "compatible"
+    assert main(["check-draft", str(DATA / "target"), str(DATA / "draft-padded"),
+                 "--max-size-difference", "0"]) == 1
+    assert capsys.readouterr().out.strip() == "size differs by 1"
+    assert main(["check-draft", str(DATA / "target"), str(DATA / "missing")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "file not found" in err
+
+
+def test_bad_card_is_one_line(tmp_path):
+    f = tmp_path / "v.yaml"
+    f.write_text("name: x\ntokens: [a, b]\n")
+    with pytest.raises(ConfigError, match="vocab_type is required") as err:
+        load_vocab(f)
+    assert str(f) in str(err.value)

@@ -1,0 +1,554 @@
+"""Tests of servesim.sweep: expansion, stable ids and seeds, resumable runner, executors, tables."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import servesim
+from servesim.errors import ConfigError
+from servesim.sweep import command
+from servesim.sweep.points import expand_points, point_config, seed_sequence, task_seed
+from servesim.sweep.runner import run_sweep
+from servesim.sweep.spec import load_sweep
+
+REPO = Path(__file__).resolve().parents[1]
+HAS_DASK = importlib.util.find_spec("distributed") is not None
+
+BASE = {
+    "hardware": "h100-sxm",
+    "model": "llama-3.1-8b",
+    "tensor_parallel_size": 1,
+    "engine": {"max_num_seqs": 256, "max_num_batched_tokens": 8192},
+    "workload": {
+        "type": "poisson",
+        "rate": 4.0,
+        "num_requests": 50,
+        "prompt_tokens": {"type": "fixed", "value": 512},
+        "output_tokens": {"type": "fixed", "value": 128},
+    },
+    "seed": 0,
+}
+
+FULL_SWEEP = {
+    "base": "base.yaml",
+    "grid": {"engine.max_num_seqs": [64, 256], "workload.rate_scale": [1, 2, 4]},
+    "zip": [{"hardware": ["h100-sxm", "h200-sxm"], "engine.max_num_batched_tokens": [8192, 16384]}],
+    "variants": {"plain": {}, "eagle": {"speculative_config": {"method": "eagle", "num_speculative_tokens": 3}}},
+    "baseline": "plain",
+    "replications": 2,
+    "seed": 7,
+}
+
+
+# --- a fake simulator: a deterministic function of the config and the seed --------------------------
+
+
+class FakeResult:
+    def __init__(self, summary: dict) -> None:
+        self.summary = summary
+
+
+CALLS: list[tuple[str, int]] = []
+CRASH_AFTER: list[int] = []  # when non-empty, raise KeyboardInterrupt once len(CALLS) reaches it
+
+
+def expected_throughput(max_num_seqs: int, rate_scale: float, k: int, seed: int) -> float:
+    """The fake's output_throughput (tokens/s): a closed form plus one uniform draw from the seed."""
+    return max_num_seqs * rate_scale * 10.0 * (1.0 + 0.5 * k) + float(np.random.default_rng(seed).random())
+
+
+def fake_simulate(config, *, seed=None, base_dir=None):
+    if CRASH_AFTER and len(CALLS) >= CRASH_AFTER[0]:
+        raise KeyboardInterrupt
+    CALLS.append((json.dumps(config, sort_keys=True), seed))
+    assert Path(base_dir).is_dir()
+    spec = config.get("speculative_config") or {}
+    k = spec.get("num_speculative_tokens", 0)
+    scale = config["workload"].get("rate_scale", 1)
+    out = expected_throughput(config["engine"]["max_num_seqs"], scale, k, seed)
+    rng = np.random.default_rng(seed)
+    ttft = rng.exponential(0.1, size=100)
+    return FakeResult(
+        {
+            "num_requests": config["workload"]["num_requests"],
+            "completed": np.int64(config["workload"]["num_requests"]),
+            "output_throughput": out,
+            "ttft_s": {"mean": float(ttft.mean()), "p99": float(np.percentile(ttft, 99))},
+            "saturated": bool(scale > 2),
+            "per_replica": [1, 2],
+        }
+    )
+
+
+def failing_simulate(config, *, seed=None, base_dir=None):
+    if config["engine"]["max_num_seqs"] == 256 and "speculative_config" in config:
+        raise ValueError("boom: verification overflow\nsecond line of detail")
+    return fake_simulate(config, seed=seed, base_dir=base_dir)
+
+
+@pytest.fixture(autouse=True)
+def _reset_calls():
+    CALLS.clear()
+    CRASH_AFTER.clear()
+    yield
+    CALLS.clear()
+    CRASH_AFTER.clear()
+
+
+def write_sweep(folder: Path, sweep: dict, base: dict | None = None, name: str = "sweep.yaml") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "base.yaml").write_text(yaml.safe_dump(base or BASE), encoding="utf-8")
+    path = folder / name
+    path.write_text(yaml.safe_dump(sweep, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def read_csv(path: Path) -> pd.DataFrame:
+    return pd.read_csv(path)
+
+
+# --- expansion ---------------------------------------------------------------------------------------
+
+
+def test_grid_zip_variants_expand_to_full_product(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path, FULL_SWEEP))
+    points = expand_points(sweep)
+    assert len(points) == 2 * 3 * 2 * 2
+    got = {(p.variant, tuple(p.axes.items())) for p in points}
+    want = {
+        (v, (("engine.max_num_seqs", n), ("workload.rate_scale", r), ("hardware", hw),
+             ("engine.max_num_batched_tokens", t)))
+        for v in ("plain", "eagle")
+        for n in (64, 256)
+        for r in (1, 2, 4)
+        for hw, t in (("h100-sxm", 8192), ("h200-sxm", 16384))
+    }
+    assert got == want
+    assert [p.index for p in points] == list(range(24))
+    assert len({p.point_id for p in points}) == 24
+    assert all(len(p.point_id) == 12 and int(p.point_id, 16) >= 0 for p in points)
+    # variants vary fastest, then the zip group, then the grid (last key fastest)
+    assert [p.variant for p in points[:2]] == ["plain", "eagle"]
+    assert points[2].axes["hardware"] == "h200-sxm"
+
+
+def test_point_config_applies_variant_then_axes(tmp_path):
+    sweep_dict = {
+        "base": "base.yaml",
+        "grid": {"speculative_config.num_speculative_tokens": [1, 5]},
+        "variants": {"eagle": {"speculative_config": {"method": "eagle", "num_speculative_tokens": 3}}},
+    }
+    sweep = load_sweep(write_sweep(tmp_path, sweep_dict))
+    configs = [point_config(sweep, p) for p in expand_points(sweep)]
+    assert [c["speculative_config"] for c in configs] == [
+        {"method": "eagle", "num_speculative_tokens": 1},
+        {"method": "eagle", "num_speculative_tokens": 5},
+    ]
+    assert sweep.base == BASE  # the base is never modified
+    assert configs[0]["engine"] == BASE["engine"]
+
+
+def test_inline_base_and_no_axes_gives_one_default_point(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"base": BASE}), encoding="utf-8")
+    sweep = load_sweep(path)
+    points = expand_points(sweep)
+    assert [(p.variant, p.axes) for p in points] == [("default", {})]
+    assert point_config(sweep, points[0]) == BASE
+    assert sweep.base_dir == tmp_path.resolve()
+
+
+def test_ids_and_seeds_depend_on_content_not_position(tmp_path):
+    small = load_sweep(write_sweep(tmp_path / "a", {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 256]},
+                                                   "replications": 3, "seed": 11}))
+    large = load_sweep(write_sweep(tmp_path / "b", {"base": "base.yaml",
+                                                   "grid": {"engine.max_num_seqs": [256, 32, 64, 128]},
+                                                   "replications": 3, "seed": 11}))
+    by_value = {p.axes["engine.max_num_seqs"]: p for p in expand_points(large)}
+    for p in expand_points(small):
+        q = by_value[p.axes["engine.max_num_seqs"]]
+        assert q.point_id == p.point_id
+        assert [task_seed(11, q, r) for r in range(3)] == [task_seed(11, p, r) for r in range(3)]
+    seeds = [task_seed(11, p, r) for p in expand_points(large) for r in range(3)]
+    assert len(set(seeds)) == len(seeds)
+    assert all(0 <= s < 2**63 for s in seeds)
+    assert [task_seed(12, p, 0) for p in expand_points(small)] != [task_seed(11, p, 0) for p in expand_points(small)]
+
+
+def test_seed_is_drawn_from_the_content_keyed_child_sequence(tmp_path):
+    sweep = load_sweep(write_sweep(tmp_path, FULL_SWEEP))
+    point = expand_points(sweep)[5]
+    child = seed_sequence(7, point, 1)
+    assert child.entropy == 7 and child.spawn_key == (point.key_int, 1)
+    assert f"{point.key_int:016x}"[:12] == point.point_id
+    hi, lo = np.random.SeedSequence(entropy=7, spawn_key=(point.key_int, 1)).generate_state(2, dtype=np.uint32)
+    assert task_seed(7, point, 1) == ((int(hi) << 32) | int(lo)) >> 1
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"zip": [{"hardware": ["h100-sxm", "h200-sxm"], "engine.max_num_batched_tokens": [8192]}]}, "equal lengths"),
+        ({"baseline": "nope"}, "baseline"),
+        ({"grid": {"engine.max_num_seqs": []}}, "empty list"),
+        ({"grid": {"hardware": [1]}}, "swept twice"),
+        ({"grid": {"engine": [{}], "engine.max_num_seqs": [1]}}, "lies inside"),
+        ({"columns": {"workload.concurrency": "batch_size"}}, "not a swept key"),
+        ({"columns": {"engine.max_num_seqs": "seed"}}, "reserved"),
+        ({"replications": 0}, "replications"),
+        ({"grids": {}}, "unknown key"),
+        ({"grid": {"engine..max_num_seqs": [1]}}, "invalid key"),
+    ],
+)
+def test_invalid_sweep_files_give_one_line_config_error(tmp_path, change, needle):
+    sweep = dict(FULL_SWEEP)
+    sweep.update(change)
+    path = write_sweep(tmp_path, sweep)
+    with pytest.raises(ConfigError) as exc:
+        load_sweep(path)
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith(str(path)) and needle in text
+
+
+def test_missing_base_file_is_named(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("base: nowhere.yaml\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="nowhere.yaml: file not found"):
+        load_sweep(path)
+
+
+def test_override_into_scalar_is_config_error(tmp_path):
+    path = write_sweep(tmp_path, {"base": "base.yaml", "grid": {"model.name": ["x"]}})
+    with pytest.raises(ConfigError, match="'model' holds"):
+        run_sweep(path, tmp_path / "out", progress=False, simulate=fake_simulate)
+
+
+# --- the runner --------------------------------------------------------------------------------------
+
+
+def check_summary_against_fake(frame: pd.DataFrame) -> None:
+    for _, row in frame.iterrows():
+        k = 3 if row["variant"] == "eagle" else 0
+        want = expected_throughput(row["engine.max_num_seqs"], row["workload.rate_scale"], k, int(row["seed"]))
+        assert row["output_throughput"] == want
+
+
+def test_serial_run_writes_tidy_summary(tmp_path):
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    result = run_sweep(path, tmp_path / "out", progress=False, simulate=fake_simulate)
+    assert result.exit_status == 0 and result.num_runs == 48 and result.num_run == 48 and result.num_skipped == 0
+    frame = read_csv(tmp_path / "out" / "summary.csv")
+    assert list(frame.columns[:8]) == [
+        "engine.max_num_seqs", "workload.rate_scale", "hardware", "engine.max_num_batched_tokens",
+        "variant", "replication", "seed", "point_id",
+    ]
+    assert {"num_requests", "completed", "output_throughput", "ttft_s.mean", "ttft_s.p99", "saturated"} <= set(
+        frame.columns
+    )
+    assert "per_replica" not in frame.columns  # lists have no cell
+    assert len(frame) == 48 and not frame.duplicated(["point_id", "replication"]).any()
+    points = expand_points(load_sweep(path))
+    assert list(frame["point_id"]) == [p.point_id for p in points for _ in range(2)]
+    assert list(frame["replication"]) == [0, 1] * 24
+    assert list(frame["seed"]) == [task_seed(7, p, r) for p in points for r in range(2)]
+    check_summary_against_fake(frame)
+    assert len(list((tmp_path / "out" / "points").iterdir())) == 48
+    assert not (tmp_path / "out" / "failures.csv").exists()
+    manifest = json.loads((tmp_path / "out" / "sweep.json").read_text())
+    assert [p["point_id"] for p in manifest["points"]] == [p.point_id for p in points]
+
+
+def test_resume_after_crash_runs_every_task_exactly_once(tmp_path):
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    out = tmp_path / "out"
+    CRASH_AFTER.append(5)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(path, out, progress=False, simulate=fake_simulate)
+    first = list(CALLS)
+    assert len(first) == 5
+    stored = sorted(p.name for p in (out / "points").iterdir())
+    assert len(stored) == 5 and all(name.endswith(".json") for name in stored)  # no temp files left
+    CRASH_AFTER.clear()
+    result = run_sweep(path, out, progress=False, simulate=fake_simulate)
+    assert result.num_skipped == 5 and result.num_run == 43
+    assert len(CALLS) == 48 and len(set(CALLS)) == 48  # every (config, seed) once across both runs
+    frame = read_csv(out / "summary.csv")
+    assert len(frame) == 48 and not frame.duplicated(["point_id", "replication"]).any()
+    check_summary_against_fake(frame)
+    before = (out / "summary.csv").read_bytes()
+    CALLS.clear()
+    again = run_sweep(path, out, progress=False, simulate=fake_simulate)
+    assert CALLS == [] and again.num_skipped == 48
+    assert (out / "summary.csv").read_bytes() == before
+
+
+def test_rerun_after_adding_points_runs_only_new_ones(tmp_path):
+    sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 256]}, "seed": 3}
+    out = tmp_path / "out"
+    run_sweep(write_sweep(tmp_path, sweep), out, progress=False, simulate=fake_simulate)
+    old = read_csv(out / "summary.csv")
+    CALLS.clear()
+    sweep["grid"]["engine.max_num_seqs"] = [32, 64, 256]
+    run_sweep(write_sweep(tmp_path, sweep), out, progress=False, simulate=fake_simulate)
+    assert len(CALLS) == 1
+    new = read_csv(out / "summary.csv")
+    assert new.iloc[1:].reset_index(drop=True).equals(old)
+
+
+def test_changed_base_config_reruns_stored_points(tmp_path):
+    sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 256]}}
+    out = tmp_path / "out"
+    run_sweep(write_sweep(tmp_path, sweep), out, progress=False, simulate=fake_simulate)
+    CALLS.clear()
+    base = json.loads(json.dumps(BASE))
+    base["workload"]["rate_scale"] = 2
+    run_sweep(write_sweep(tmp_path, sweep, base=base), out, progress=False, simulate=fake_simulate)
+    assert len(CALLS) == 2
+    frame = read_csv(out / "summary.csv")
+    assert list(frame["output_throughput"]) == [
+        expected_throughput(n, 2, 0, s) for n, s in zip(frame["engine.max_num_seqs"], frame["seed"])
+    ]
+
+
+def test_failures_are_recorded_and_others_go_on(tmp_path):
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    out = tmp_path / "out"
+    result = run_sweep(path, out, progress=False, simulate=failing_simulate)
+    assert result.exit_status == 1
+    failed = read_csv(out / "failures.csv")
+    assert list(failed.columns) == ["point_id", "replication", "seed", "variant", "overrides", "error"]
+    assert len(failed) == 3 * 2 * 2 == len(result.failures)  # 256 x 3 rates x 2 zip x eagle, 2 reps each
+    assert set(failed["error"]) == {"ValueError: boom: verification overflow"}
+    assert all(json.loads(o)["engine.max_num_seqs"] == 256 for o in failed["overrides"])
+    assert set(failed["variant"]) == {"eagle"}
+    frame = read_csv(out / "summary.csv")
+    assert len(frame) == 48 - 12
+    check_summary_against_fake(frame)
+    CALLS.clear()
+    fixed = run_sweep(path, out, progress=False, simulate=fake_simulate)
+    assert fixed.exit_status == 0 and len(CALLS) == 12
+    assert not (out / "failures.csv").exists()
+    assert len(read_csv(out / "summary.csv")) == 48
+
+
+def test_process_pool_matches_serial_bit_for_bit(tmp_path):
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    run_sweep(path, tmp_path / "serial", progress=False, simulate=fake_simulate)
+    run_sweep(path, tmp_path / "pool", jobs=2, progress=False, simulate=fake_simulate)
+    for name in ("summary.csv", "speedup.csv"):
+        assert (tmp_path / "pool" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()
+
+
+def test_process_pool_records_failures(tmp_path):
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    result = run_sweep(path, tmp_path / "pool", jobs=2, progress=False, simulate=failing_simulate)
+    assert result.exit_status == 1 and len(result.failures) == 12
+
+
+@pytest.mark.skipif(not HAS_DASK, reason="dask.distributed is not installed (optional extra servesim[dask])")
+def test_dask_local_cluster_matches_serial_bit_for_bit(tmp_path):
+    import sys
+
+    import cloudpickle
+
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    run_sweep(path, tmp_path / "serial", progress=False, simulate=fake_simulate)
+    module = sys.modules[__name__]
+    cloudpickle.register_pickle_by_value(module)  # workers need not import this test module
+    try:
+        run_sweep(path, tmp_path / "dask", jobs=2, executor="dask", progress=False, simulate=fake_simulate)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    for name in ("summary.csv", "speedup.csv"):
+        assert (tmp_path / "dask" / name).read_bytes() == (tmp_path / "serial" / name).read_bytes()
+
+
+@pytest.mark.skipif(HAS_DASK, reason="checks the message shown when dask is missing")
+def test_dask_missing_names_the_extra(tmp_path):
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    with pytest.raises(ConfigError, match=r"pip install servesim\[dask\]"):
+        run_sweep(path, tmp_path / "out", executor="dask", progress=False, simulate=fake_simulate)
+
+
+@pytest.mark.parametrize("spec", ["ray", "dask://", "dask://host", "dask://host:port"])
+def test_unknown_executor_is_config_error(tmp_path, spec):
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    with pytest.raises(ConfigError, match="--executor"):
+        run_sweep(path, tmp_path / "out", executor=spec, progress=False, simulate=fake_simulate)
+
+
+def test_zero_jobs_is_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="--jobs"):
+        run_sweep(write_sweep(tmp_path, FULL_SWEEP), tmp_path / "out", jobs=0, simulate=fake_simulate)
+
+
+def test_caller_owned_executor_is_used_and_left_open(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    run_sweep(path, tmp_path / "serial", progress=False, simulate=fake_simulate)
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        run_sweep(path, tmp_path / "threads", executor=pool, progress=False, simulate=fake_simulate)
+        assert pool.submit(lambda: 1).result() == 1
+    assert (tmp_path / "threads" / "summary.csv").read_bytes() == (tmp_path / "serial" / "summary.csv").read_bytes()
+
+
+# --- speedup.csv -------------------------------------------------------------------------------------
+
+EXAMPLE12_LIKE = {
+    "base": "base.yaml",
+    "grid": {"workload.concurrency": [1, 8, 64, 256]},
+    "variants": {"plain": {}, "spec": {"speculative_config": {"method": "eagle", "num_speculative_tokens": 4}}},
+    "baseline": "plain",
+    "columns": {"workload.concurrency": "batch_size"},
+    "replications": 3,
+    "seed": 0,
+}
+
+
+def concurrency_simulate(config, *, seed=None, base_dir=None):
+    """output_throughput = concurrency * (1 + k/2) * 100 tokens/s plus a seeded draw in [0, 1)."""
+    k = (config.get("speculative_config") or {}).get("num_speculative_tokens", 0)
+    noise = float(np.random.default_rng(seed).random())
+    return {"output_throughput": config["workload"]["concurrency"] * (1 + k / 2) * 100.0 + noise}
+
+
+def test_speedup_two_variants_uses_plain_spec_names_and_rename(tmp_path):
+    path = write_sweep(tmp_path, EXAMPLE12_LIKE)
+    result = run_sweep(path, tmp_path / "out", progress=False, simulate=concurrency_simulate)
+    speedup = read_csv(tmp_path / "out" / "speedup.csv")
+    assert list(speedup.columns) == ["batch_size", "plain_output_throughput", "spec_output_throughput", "speedup"]
+    assert list(speedup["batch_size"]) == [1, 8, 64, 256]
+    summary = read_csv(tmp_path / "out" / "summary.csv")
+    assert list(summary.columns[:5]) == ["batch_size", "variant", "replication", "seed", "point_id"]
+    for row in speedup.itertuples(index=False):
+        rows = summary[summary["batch_size"] == row.batch_size]
+        noise = {v: np.mean([np.random.default_rng(int(s)).random() for s in rows[rows["variant"] == v]["seed"]])
+                 for v in ("plain", "spec")}
+        plain = row.batch_size * 100.0 + noise["plain"]
+        spec = row.batch_size * 300.0 + noise["spec"]
+        assert row.plain_output_throughput == pytest.approx(plain, rel=1e-12)
+        assert row.spec_output_throughput == pytest.approx(spec, rel=1e-12)
+        assert row.speedup == pytest.approx(spec / plain, rel=1e-12)
+    assert result.speedup is not None and len(result.speedup) == 4
+
+
+def test_speedup_many_variants_uses_generic_names(tmp_path):
+    sweep = dict(EXAMPLE12_LIKE)
+    sweep["variants"] = {
+        "plain": {},
+        "k2": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+        "k4": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}},
+    }
+    sweep["columns"] = {}
+    sweep["replications"] = 1
+    run_sweep(write_sweep(tmp_path, sweep), tmp_path / "out", progress=False, simulate=concurrency_simulate)
+    speedup = read_csv(tmp_path / "out" / "speedup.csv")
+    assert list(speedup.columns) == [
+        "workload.concurrency", "variant", "baseline_output_throughput", "variant_output_throughput", "speedup",
+    ]
+    assert list(speedup["variant"]) == ["k2", "k4"] * 4
+    # closed form without noise: k2 doubles, k4 triples; the seeded draws move it by < 1 / (100 * concurrency)
+    want = [2.0, 3.0] * 4
+    tol = [1.0 / (100.0 * c) * 3 for c in speedup["workload.concurrency"]]
+    assert all(abs(s - w) <= t for s, w, t in zip(speedup["speedup"], want, tol))
+
+
+def test_speedup_skips_settings_whose_baseline_failed(tmp_path):
+    def_path = write_sweep(tmp_path, EXAMPLE12_LIKE)
+    run_sweep(def_path, tmp_path / "out", progress=False, simulate=plain_fails_at_64)
+    speedup = read_csv(tmp_path / "out" / "speedup.csv")
+    assert list(speedup["batch_size"]) == [1, 8, 256]
+
+
+def plain_fails_at_64(config, *, seed=None, base_dir=None):
+    if config["workload"]["concurrency"] == 64 and "speculative_config" not in config:
+        raise RuntimeError("no")
+    return concurrency_simulate(config, seed=seed, base_dir=base_dir)
+
+
+# --- the command -------------------------------------------------------------------------------------
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def test_command_runs_and_returns_zero(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(servesim, "simulate", fake_simulate, raising=False)
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    args = parse([str(path), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert (args.jobs, args.executor) == (1, "local")
+    assert command.run(args) == 0
+    assert "48/48 runs finished" in capsys.readouterr().out
+    assert (tmp_path / "out" / "summary.csv").exists() and (tmp_path / "out" / "speedup.csv").exists()
+
+
+def test_command_exit_status_one_on_failure(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(servesim, "simulate", failing_simulate, raising=False)
+    path = write_sweep(tmp_path, FULL_SWEEP)
+    assert command.run(parse([str(path), "--out", str(tmp_path / "out"), "--no-progress", "--jobs", "2"])) == 1
+    err = capsys.readouterr().err
+    assert "12 run(s) failed" in err and "failures.csv" in err
+
+
+def test_cli_reports_bad_sweep_as_one_line(tmp_path, capsys):
+    from servesim import cli
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("base: base.yaml\ngrid: {engine.max_num_seqs: []}\n", encoding="utf-8")
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE), encoding="utf-8")
+    status = cli.main(["sweep", str(path), "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err.strip()
+    assert status == 2 and "\n" not in err and err.startswith("servesim: error: ") and str(path) in err
+
+
+# --- with the real simulator (skipped until servesim.simulate exists) -------------------------------
+
+try:
+    from servesim import simulate as real_simulate  # type: ignore[attr-defined]
+except ImportError:
+    real_simulate = None
+needs_simulate = pytest.mark.skipif(real_simulate is None, reason="servesim.simulate is not available yet")
+
+
+@needs_simulate
+def test_real_simulate_pool_matches_serial(tmp_path):
+    base = json.loads(json.dumps(BASE))
+    base["workload"]["num_requests"] = 30
+    sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [16, 64]}, "replications": 2, "seed": 1}
+    path = write_sweep(tmp_path, sweep, base=base)
+    serial = run_sweep(path, tmp_path / "serial", progress=False)
+    assert serial.exit_status == 0, serial.failures
+    run_sweep(path, tmp_path / "pool", jobs=2, progress=False)
+    assert (tmp_path / "pool" / "summary.csv").read_bytes() == (tmp_path / "serial" / "summary.csv").read_bytes()
+    frame = read_csv(tmp_path / "serial" / "summary.csv")
+    assert {"ttft_s.p99", "output_throughput", "completed"} <= set(frame.columns)
+    assert (frame["completed"] == 30).all()
+    # the two replications of a point use different seeds, so their arrivals (and TTFTs) differ
+    assert frame.groupby("point_id")["ttft_s.mean"].nunique().eq(2).all()
+
+
+EXAMPLE12 = REPO / "experiments" / "seed" / "example12.yaml"
+
+
+@needs_simulate
+@pytest.mark.skipif(not EXAMPLE12.exists(), reason="experiments/seed/example12.yaml is not written yet")
+def test_example12_speedup_table(tmp_path):
+    result = run_sweep(EXAMPLE12, tmp_path / "out", jobs=2, progress=False)
+    assert result.exit_status == 0, result.failures
+    speedup = read_csv(tmp_path / "out" / "speedup.csv")
+    assert list(speedup.columns) == ["batch_size", "plain_output_throughput", "spec_output_throughput", "speedup"]
+    speedup = speedup.sort_values("batch_size")
+    # the lesson: speculation helps while verification is memory-bound and hurts once it is compute-bound
+    assert speedup["speedup"].iloc[0] > 1.0 > speedup["speedup"].iloc[-1]

@@ -1,0 +1,557 @@
+"""Tests of servesim.workload: trace loaders, arrival processes, length distributions, configs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from servesim.config.loading import validate
+from servesim.errors import ConfigError, TraceError
+from servesim.workload import (
+    EmpiricalLengthConfig,
+    FixedLengthConfig,
+    LognormalLength,
+    LognormalLengthConfig,
+    UniformLengthConfig,
+    Workload,
+    build_workload,
+    gamma_arrivals,
+    load_trace,
+    load_workload,
+    load_workload_config,
+    poisson_arrivals,
+    read_trace,
+)
+from servesim.workload.build import WorkloadFile
+from servesim.workload.trace import spread_buckets
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "workloads" / "traces"
+DATA = Path(__file__).resolve().parent / "data" / "workload"
+AZURE_CONV = TRACES / "AzureLLMInferenceTrace_conv.csv"
+AZURE_CODE = TRACES / "AzureLLMInferenceTrace_code.csv"
+MOONCAKE_CONV = TRACES / "conversation_trace.jsonl"
+MOONCAKE_SYN = TRACES / "synthetic_trace.jsonl"
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed))
+
+
+def cfg(data: dict):
+    return validate(WorkloadFile, data, "test.yaml").root
+
+
+def mooncake_rows(path: Path) -> list[dict]:
+    """Independent stdlib read of a Mooncake file (to check the loader against)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+# ------------------------------------------------------------------------------ shipped traces
+
+
+def test_shipped_traces_are_byte_copies():
+    # SHA-256 sums from workloads/traces/SOURCES.md.
+    expected = {
+        AZURE_CODE: "54e9a6d2a4bd06ba1e060304b900abbc74cbea53de96506e60fe5bb4f2277fb6",
+        AZURE_CONV: "2f1e5b666d4e3055fdbba98598ce2ec307767b9064e03e2fa46676dbcc7d0bf8",
+        MOONCAKE_CONV: "b8cbb061a85206d729d91cdc2981f43c9e0d99209dce588d3af5f7934408b9df",
+        MOONCAKE_SYN: "bd070915a98fc0ed264d7cfef2ce746002eb3076a695ec31ba2674c0111ec131",
+    }
+    for path, digest in expected.items():
+        assert hashlib.sha256(path.read_bytes()).hexdigest() == digest, path.name
+    assert (TRACES / "licenses" / "AzurePublicDataset-LICENSE-CC-BY-4.0.txt").is_file()
+    assert (TRACES / "licenses" / "Mooncake-LICENSE-APACHE-2.0.txt").is_file()
+
+
+@pytest.mark.parametrize(
+    "path, rows, span_s, prompt_mean, output_mean",
+    [
+        # rows, span, and means as stated in SOURCES.md (rounded there).
+        (AZURE_CODE, 8819, 3436, 2048, 28),
+        (AZURE_CONV, 19366, 3502, 1155, 211),
+        (MOONCAKE_CONV, 12031, 3537, 12035, None),
+        (MOONCAKE_SYN, 3993, 1022, None, None),
+    ],
+)
+def test_shipped_trace_counts_span_and_means(path, rows, span_s, prompt_mean, output_mean):
+    w = load_trace(path, bucket_policy="burst")
+    assert len(w) == rows
+    assert w.concurrency is None
+    assert w.arrival_s[0] == 0.0
+    assert round(w.arrival_s[-1]) == span_s
+    assert np.all(np.diff(w.arrival_s) >= 0)
+    assert w.prompt_tokens.dtype == np.int64 and w.output_tokens.dtype == np.int64
+    assert w.prompt_tokens.min() >= 1 and w.output_tokens.min() >= 1
+    if prompt_mean is not None:
+        assert abs(w.prompt_tokens.mean() - prompt_mean) < 0.5
+    if output_mean is not None:
+        assert abs(w.output_tokens.mean() - output_mean) < 0.5
+    assert str(rows) in w.description
+
+
+def test_azure_percentiles_and_exact_times_from_the_file_text():
+    conv = load_trace(AZURE_CONV)
+    # SOURCES.md: conv input p99 4,142, output p99 601, output max 1,000; code: input p99 7,436, median out 13.
+    assert np.percentile(conv.prompt_tokens, 99) == pytest.approx(4142, abs=0.5)
+    assert np.percentile(conv.output_tokens, 99) == pytest.approx(601, abs=0.5)
+    assert conv.output_tokens.max() == 1000
+    # First rows: 18:15:46.6805900 and 18:15:50.9951690; last: 19:14:08.4025270.
+    assert conv.arrival_s[1] == pytest.approx(50.9951690 - 46.6805900, abs=1e-9)
+    assert conv.arrival_s[-1] == pytest.approx((19 - 18) * 3600 + (14 - 15) * 60 + 8.4025270 - 46.6805900, abs=1e-9)
+    code = load_trace(AZURE_CODE)
+    assert np.percentile(code.prompt_tokens, 99) == pytest.approx(7436, abs=0.5)
+    assert np.median(code.output_tokens) == 13
+    # 18:17:03.9799600 -> 18:17:04.0319600: the 7th fractional digit is kept (100 ns resolution).
+    assert code.arrival_s[1] == pytest.approx(0.052, abs=1e-9)
+    assert code.meta is not None and code.meta.num_clamped_output == 0 and code.meta.num_clamped_prompt == 0
+
+
+def test_mooncake_matches_stdlib_read_and_sources_facts():
+    rows = mooncake_rows(MOONCAKE_CONV)
+    w = load_trace(MOONCAKE_CONV, bucket_policy="burst", prefix_block_ids=True)
+    ts = np.array([r["timestamp"] for r in rows], dtype=float) / 1000
+    np.testing.assert_array_equal(w.arrival_s, ts - ts[0])
+    np.testing.assert_array_equal(w.prompt_tokens, [r["input_length"] for r in rows])
+    np.testing.assert_array_equal(w.output_tokens, [r["output_length"] for r in rows])
+    assert len(np.unique(w.arrival_s)) == 1180  # SOURCES.md: 1,180 distinct timestamps
+    ids = w.meta.prefix_block_ids
+    assert ids is not None and len(ids) == 12031
+    assert all(len(h) == math.ceil(p / 512) for h, p in zip(ids, w.prompt_tokens))
+    # SOURCES.md: with an unbounded cache 36.6% of the blocks are reuses.
+    total = sum(len(h) for h in ids)
+    unique = len({b for h in ids for b in h})
+    assert abs((total - unique) / total - 0.366) < 0.0005
+    # without the option the block ids are not kept
+    assert load_trace(MOONCAKE_CONV).meta.prefix_block_ids is None
+
+
+# ------------------------------------------------------------------------------ replay options
+
+
+def test_rate_scale_divides_arrival_times():
+    base = load_trace(AZURE_CONV)
+    fast = load_trace(AZURE_CONV, rate_scale=4.0)
+    np.testing.assert_allclose(fast.arrival_s, base.arrival_s / 4.0, rtol=0, atol=1e-12)
+    np.testing.assert_array_equal(fast.prompt_tokens, base.prompt_tokens)
+    assert "rate x4" in fast.description
+    # mean rate over the span scales by 4
+    assert (len(fast) - 1) / fast.arrival_s[-1] == pytest.approx(4 * (len(base) - 1) / base.arrival_s[-1])
+
+
+def test_window_is_on_the_original_timeline_then_rebased_and_scaled():
+    base = load_trace(AZURE_CONV)
+    t = base.arrival_s
+    inside = (t >= 600) & (t < 900)
+    w = load_trace(AZURE_CONV, start_s=600, duration_s=300, rate_scale=2.0)
+    assert len(w) == inside.sum() > 0
+    np.testing.assert_allclose(w.arrival_s, (t[inside] - 600) / 2.0, atol=1e-12)
+    np.testing.assert_array_equal(w.output_tokens, base.output_tokens[inside])
+    assert w.arrival_s.min() >= 0 and w.arrival_s.max() < 150
+    # open-ended window
+    tail = load_trace(AZURE_CONV, start_s=3000)
+    assert len(tail) == (t >= 3000).sum()
+
+
+def test_max_requests_keeps_the_first_n_of_the_window():
+    base = load_trace(AZURE_CONV)
+    first_in = int(np.searchsorted(base.arrival_s, 100.0))
+    w = load_trace(AZURE_CONV, start_s=100, max_requests=50)
+    assert len(w) == 50
+    np.testing.assert_array_equal(w.prompt_tokens, base.prompt_tokens[first_in : first_in + 50])
+    assert len(load_trace(AZURE_CONV, max_requests=10**9)) == 19366
+
+
+def test_empty_window_is_a_trace_error_naming_the_file():
+    with pytest.raises(TraceError, match=r"AzureLLMInferenceTrace_conv\.csv: no request in the window"):
+        load_trace(AZURE_CONV, start_s=10_000)
+
+
+def test_bucket_policies_on_a_small_file():
+    path = DATA / "mooncake_buckets.jsonl"  # timestamps 0, 0, 0, 3000, 6000, 6000 ms
+    burst = load_trace(path, bucket_policy="burst")
+    np.testing.assert_array_equal(burst.arrival_s, [0, 0, 0, 3, 6, 6])
+    spread = load_trace(path, bucket_policy="spread")
+    # w = 3 s (smallest gap between distinct timestamps); request i of m at T + i*w/m
+    np.testing.assert_allclose(spread.arrival_s, [0, 1, 2, 3, 6, 7.5], atol=1e-12)
+    assert spread.meta.bucket_width_s == 3.0 and spread.meta.bucket_policy == "spread"
+    # the zero output length is raised to 1 and counted
+    assert spread.output_tokens[-1] == 1 and spread.meta.num_clamped_output == 1
+    assert "1 zero outputs" in spread.description
+    ids = load_trace(path, prefix_block_ids=True, max_requests=3).meta.prefix_block_ids
+    assert ids == [[0], [0, 1], [2, 3]]
+    with_scale = load_trace(path, rate_scale=2.0)
+    np.testing.assert_allclose(with_scale.arrival_s, [0, 0.5, 1, 1.5, 3, 3.75], atol=1e-12)
+
+
+def test_spread_on_the_conversation_trace():
+    rows = mooncake_rows(MOONCAKE_CONV)
+    ts = np.array([r["timestamp"] for r in rows], dtype=float) / 1000
+    distinct = np.unique(ts)
+    width = np.diff(distinct).min()  # independent of the loader
+    w = load_trace(MOONCAKE_CONV)  # spread is the default
+    assert w.meta.bucket_width_s == pytest.approx(width)
+    assert width == pytest.approx(2.997)
+    assert np.all(w.arrival_s >= ts) and np.all(w.arrival_s < ts + width)
+    assert len(np.unique(w.arrival_s)) == len(w)  # every request has its own time
+    assert np.all(np.diff(w.arrival_s) > 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 50), min_size=1, max_size=60), st.floats(0.1, 1.0))
+def test_spread_buckets_invariants(values, fraction):
+    t = np.sort(np.array(values, dtype=float)) * 3.0
+    gaps = np.diff(np.unique(t))
+    width = fraction * (gaps.min() if gaps.size else 3.0)  # the loader uses the smallest gap (fraction 1)
+    out = spread_buckets(t, width)
+    assert np.all(out >= t) and np.all(out < t + width)
+    assert np.all(np.diff(out) >= 0)
+    for v in np.unique(t):  # m requests at T occupy T + i*w/m, i = 0..m-1
+        m = int((t == v).sum())
+        np.testing.assert_allclose(out[t == v], v + np.arange(m) * width / m)
+
+
+def test_azure_2024_offsets_and_unusual_but_valid_files():
+    w = load_trace(DATA / "azure_2024_offsets.csv")
+    # rows: 00:00:00.009930+00:00, 00:00:01.509930+00:00, 02:00:02+02:00 (= 00:00:02 UTC), 00:00:03Z
+    np.testing.assert_allclose(w.arrival_s, [0, 1.5, 2 - 0.00993, 3 - 0.00993], atol=1e-9)
+    # BOM, quoted fields, reordered and extra columns, CRLF and a blank line
+    q = load_trace(DATA / "azure_quoted_reordered.csv")
+    np.testing.assert_array_equal(q.prompt_tokens, [4808, 3180])
+    np.testing.assert_array_equal(q.output_tokens, [10, 8])
+    np.testing.assert_allclose(q.arrival_s, [0, 0.052], atol=1e-9)
+    z = load_trace(DATA / "azure_zero_tokens.csv")
+    np.testing.assert_array_equal(z.prompt_tokens, [100, 1, 50])
+    np.testing.assert_array_equal(z.output_tokens, [1, 7, 3])
+    assert z.meta.num_clamped_prompt == 1 and z.meta.num_clamped_output == 1
+
+
+# (fixture, what must follow "FILE: " in the message)
+MALFORMED = [
+    ("azure_empty.csv", r"empty file \(expected a header TIMESTAMP,ContextTokens,GeneratedTokens"),
+    ("azure_header_only.csv", r"no data rows after the header"),
+    ("azure_missing_column.csv", r"line 1: missing column 'GeneratedTokens'"),
+    ("azure_non_numeric.csv", r"line 3: ContextTokens: expected an integer token count >= 0 \(got 'abc'\)"),
+    ("azure_negative.csv", r"line 4: GeneratedTokens: expected an integer token count >= 0 \(got '-5'\)"),
+    ("azure_unsorted.csv", r"line 4: TIMESTAMP .* is earlier than the previous row's"),
+    ("azure_bad_timestamp.csv", r"line 3: TIMESTAMP: expected a date and time .*\(got 'yesterday'\)"),
+    ("azure_field_count.csv", r"line 3: expected 3 comma-separated fields \(got 2\)"),
+    ("azure_mixed_offset.csv", r"line 3: TIMESTAMP: expected a time with a UTC offset"),
+    ("mooncake_empty.jsonl", r"empty file \(expected one JSON object per line"),
+    ("mooncake_bad_json.jsonl", r"line 2: expected one JSON object per line"),
+    ("mooncake_missing_key.jsonl", r"line 2: missing key 'output_length'"),
+    ("mooncake_float_length.jsonl", r"line 3: input_length: expected an integer token count >= 0 \(got 12\.5\)"),
+    ("mooncake_negative.jsonl", r"line 2: output_length: expected an integer token count >= 0 \(got -3\)"),
+    ("mooncake_unsorted.jsonl", r"line 2: timestamp 0 is earlier than the previous row's 3000"),
+    ("mooncake_string_timestamp.jsonl", r"line 2: timestamp: expected a number of milliseconds \(got '10'\)"),
+    ("mooncake_not_object.jsonl", r"line 2: expected a JSON object .*\(got list\)"),
+    ("trace.txt", r"cannot tell the trace format from the extension '\.txt'"),
+    ("no_such_file.csv", r"trace file not found"),
+]
+
+
+@pytest.mark.parametrize("name, pattern", MALFORMED)
+def test_malformed_trace_errors_are_one_line_naming_file_and_line(name, pattern):
+    path = DATA / name
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    message = str(info.value)
+    assert "\n" not in message
+    assert re.match(re.escape(str(path)) + ": " + pattern, message), message
+
+
+def test_bad_hash_ids_only_checked_when_asked_for():
+    path = DATA / "mooncake_bad_hash_ids.jsonl"
+    assert len(load_trace(path)) == 2
+    with pytest.raises(TraceError, match=r"mooncake_bad_hash_ids\.jsonl: line 2: hash_ids: expected a list"):
+        load_trace(path, prefix_block_ids=True)
+
+
+def test_explicit_format_overrides_the_extension(tmp_path):
+    p = tmp_path / "trace.txt"
+    p.write_bytes((DATA / "mooncake_buckets.jsonl").read_bytes())
+    assert len(load_trace(p, format="mooncake")) == 6
+
+
+def test_read_trace_cache_is_read_only_and_sees_file_changes(tmp_path):
+    p = tmp_path / "t.csv"
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00,10,2\n")
+    a = read_trace(p)
+    assert read_trace(p) is a
+    assert not a.prompt_tokens.flags.writeable
+    w = load_trace(p)
+    w.prompt_tokens[0] = 99  # the workload owns its arrays
+    assert a.prompt_tokens[0] == 10
+    p.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:00:00,10,2\n2023-11-16 18:00:01,20,3\n")
+    os.utime(p, ns=(0, 10**18))  # a different modification time, whatever the clock's resolution
+    assert len(read_trace(p)) == 2
+
+
+def test_loading_a_trace_does_not_import_pandas():
+    code = (
+        "import sys; from servesim.workload import load_trace; "
+        f"w = load_trace({str(AZURE_CONV)!r}); assert len(w) == 19366; "
+        "assert 'pandas' not in sys.modules, 'pandas imported'"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+# ------------------------------------------------------------------------------ arrivals
+
+
+def test_poisson_rate_gap_cv_and_no_clipping():
+    rate, n = 10.0, 200_000
+    t = poisson_arrivals(rate, rng(1), num_requests=n)
+    gaps = np.diff(np.r_[0.0, t])
+    assert len(t) == n and np.all(gaps >= 0)
+    # relative standard error of the rate is 1/sqrt(n) = 0.22%; a 5%-hot generator fails this
+    assert abs(n / t[-1] / rate - 1) < 0.01
+    assert abs(gaps.std() / gaps.mean() - 1) < 0.02
+    # unclipped exponential: P(gap > 3 mean) = exp(-3) (a 3x clip makes it 0)
+    assert abs((gaps > 3 / rate).mean() - math.exp(-3)) < 0.003
+    assert gaps.max() > 8 / rate
+
+
+def test_poisson_over_a_duration():
+    rate, duration = 10.0, 20_000.0
+    t = poisson_arrivals(rate, rng(2), duration_s=duration)
+    assert np.all(t < duration) and np.all(np.diff(t) >= 0)
+    # count ~ Poisson(200000): sd 447, so +-1% is 4.5 sd
+    assert abs(len(t) / (rate * duration) - 1) < 0.01
+
+
+@pytest.mark.parametrize("cv", [0.5, 2.0])
+def test_gamma_rate_and_gap_cv(cv):
+    rate, n = 4.0, 200_000
+    t = gamma_arrivals(rate, cv, rng(3), num_requests=n)
+    gaps = np.diff(np.r_[0.0, t])
+    # relative standard error of the mean gap is cv/sqrt(n) <= 0.45%
+    assert abs(n / t[-1] / rate - 1) < 0.02
+    assert abs(gaps.std() / gaps.mean() / cv - 1) < 0.03
+
+
+def test_gamma_over_a_duration_and_bad_arguments():
+    t = gamma_arrivals(2.0, 3.0, rng(4), duration_s=50_000)
+    assert np.all(t < 50_000) and np.all(np.diff(t) >= 0)
+    # count sd ~ cv * sqrt(rate*T) = 948 on 100000
+    assert abs(len(t) / 100_000 - 1) < 0.04
+    with pytest.raises(ValueError):
+        poisson_arrivals(1.0, rng(), num_requests=5, duration_s=5.0)
+    with pytest.raises(ValueError):
+        gamma_arrivals(1.0, 0.0, rng(), num_requests=5)
+
+
+# ------------------------------------------------------------------------------ length distributions
+
+
+def check_sample_moments(dist, n=400_000, seed=5):
+    x = dist.sample(rng(seed), n)
+    assert x.dtype == np.int64 and x.shape == (n,) and x.min() >= 1
+    se = math.sqrt(dist.variance() / n)
+    assert abs(x.mean() - dist.mean()) < 4 * se + 1e-12
+    if dist.variance() > 0:
+        assert abs(x.var() / dist.variance() - 1) < 0.03
+    return x
+
+
+def test_fixed_and_uniform_closed_forms():
+    f = FixedLengthConfig(type="fixed", value=128).build()
+    assert (f.mean(), f.variance()) == (128.0, 0.0)
+    assert FixedLengthConfig(type="fixed", value=128, max=100).build().mean() == 100.0
+    check_sample_moments(f)
+    u = UniformLengthConfig(type="uniform", low=1, high=100).build()
+    assert u.mean() == 50.5 and u.variance() == pytest.approx((100**2 - 1) / 12)
+    x = check_sample_moments(u)
+    assert x.min() == 1 and x.max() == 100  # both ends inclusive
+    c = UniformLengthConfig(type="uniform", low=1, high=100, min=10, max=60).build()
+    support = np.clip(np.arange(1, 101), 10, 60)
+    assert c.mean() == pytest.approx(support.mean()) and c.variance() == pytest.approx(support.var())
+    check_sample_moments(c)
+
+
+def test_lognormal_mean_cv_and_median_sigma():
+    d = LognormalLengthConfig(type="lognormal", mean=1000, cv=1.0).build()
+    assert d.mean() == pytest.approx(1000, rel=1e-6)  # the min-1 clip moves it by < 1e-6
+    assert d.variance() == pytest.approx(1000**2 + 1 / 12, rel=1e-6)
+    check_sample_moments(d)
+    m = LognormalLengthConfig(type="lognormal", median=13, sigma=1.2).build()
+    assert m.mu == pytest.approx(math.log(13)) and m.sigma == 1.2
+    x = check_sample_moments(m)
+    assert np.median(x) == 13
+
+
+def test_clipped_lognormal_moments_match_the_exact_discrete_distribution():
+    # Exact: P(rint X = k) = F(k + 1/2) - F(k - 1/2), with all mass below lo at lo and above hi at hi.
+    d = LognormalLengthConfig(type="lognormal", median=20, sigma=1.0, min=5, max=200).build()
+    cdf = lambda v: 0.5 * math.erfc(-(math.log(v) - d.mu) / (d.sigma * math.sqrt(2)))  # noqa: E731
+    ks = np.arange(5, 201)
+    upper = np.array([cdf(k + 0.5) for k in ks[:-1]] + [1.0])
+    lower = np.array([0.0] + [cdf(k + 0.5) for k in ks[:-1]])
+    p = upper - lower
+    mean = float((ks * p).sum())
+    var = float((ks**2 * p).sum()) - mean**2
+    assert d.mean() == pytest.approx(mean, abs=0.05)
+    assert d.variance() == pytest.approx(var, rel=0.005)
+    check_sample_moments(d)
+
+
+def test_empirical_lengths():
+    e = EmpiricalLengthConfig(type="empirical", path=str(AZURE_CODE), column="output").build()
+    assert e.mean() == pytest.approx(load_trace(AZURE_CODE).output_tokens.mean())
+    check_sample_moments(e)
+    rel = EmpiricalLengthConfig(type="empirical", path="AzureLLMInferenceTrace_code.csv", column="prompt", max=4096)
+    p = rel.build(TRACES)
+    assert p.values.max() == 4096
+    check_sample_moments(p)
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"type": "lognormal", "mean": 100}, "give either mean and cv, or median and sigma"),
+        ({"type": "lognormal", "mean": 100, "cv": 1, "median": 3, "sigma": 1}, "give either mean and cv"),
+        ({"type": "uniform", "low": 10, "high": 5}, r"high \(5\) must be >= low \(10\)"),
+        ({"type": "fixed", "value": 10, "min": 8, "max": 4}, r"max \(4\) must be >= min \(8\)"),
+        ({"type": "fixed", "value": 0}, "greater than or equal to 1"),
+    ],
+)
+def test_length_config_errors(data, message):
+    bad = {"type": "poisson", "rate": 1, "num_requests": 3, "prompt_tokens": data, "output_tokens": FIXED}
+    with pytest.raises(ConfigError, match=rf"test\.yaml: poisson\.prompt_tokens.*{message}"):
+        cfg(bad)
+
+
+# ------------------------------------------------------------------------------ configs and build
+
+
+LOGNORMAL = {"type": "lognormal", "mean": 500, "cv": 1.0}
+FIXED = {"type": "fixed", "value": 64}
+
+
+def test_build_poisson_workload_and_reproducibility():
+    c = cfg({"type": "poisson", "rate": 5.0, "num_requests": 1000, "prompt_tokens": LOGNORMAL, "output_tokens": FIXED})
+    a = build_workload(c, rng(7), None)
+    b = build_workload(c, rng(7), None)
+    other = build_workload(c, rng(8), None)
+    for name in ("arrival_s", "prompt_tokens", "output_tokens"):
+        np.testing.assert_array_equal(getattr(a, name), getattr(b, name))
+    assert not np.array_equal(a.arrival_s, other.arrival_s)
+    assert len(a) == 1000 and a.concurrency is None and np.all(a.output_tokens == 64)
+    assert a.description.startswith("Poisson arrivals at 5 req/s, 1000 requests")
+
+
+def test_changing_lengths_leaves_arrivals_unchanged():
+    base = {"type": "gamma", "rate": 2.0, "cv": 2.0, "num_requests": 500, "prompt_tokens": LOGNORMAL}
+    a = build_workload(cfg({**base, "output_tokens": FIXED}), rng(9))
+    b = build_workload(cfg({**base, "output_tokens": {"type": "uniform", "low": 1, "high": 9}}), rng(9))
+    np.testing.assert_array_equal(a.arrival_s, b.arrival_s)
+    np.testing.assert_array_equal(a.prompt_tokens, b.prompt_tokens)
+
+
+def test_duration_based_open_loop():
+    c = cfg({"type": "poisson", "rate": 50.0, "duration_s": 100.0, "prompt_tokens": FIXED, "output_tokens": FIXED})
+    w = build_workload(c, rng(10))
+    assert np.all(w.arrival_s < 100.0)
+    assert abs(len(w) - 5000) < 4.5 * math.sqrt(5000)
+    assert f"{len(w)} requests in 100 s" in w.description
+
+
+def test_closed_loop_workload():
+    c = cfg(
+        {"type": "closed_loop", "concurrency": 8, "think_time_s": 0.5, "num_requests": 100,
+         "prompt_tokens": LOGNORMAL, "output_tokens": FIXED}
+    )
+    w = build_workload(c, rng(11))
+    assert len(w) == 100 and np.isnan(w.arrival_s).all()
+    assert w.concurrency == 8 and w.think_time_s == 0.5 and w.is_closed_loop
+    assert w.description.startswith("closed loop, 8 clients, think time 0.5 s, 100 requests")
+
+
+def test_empirical_pairs_are_resampled_jointly():
+    c = cfg({"type": "closed_loop", "concurrency": 4, "num_requests": 5000,
+             "lengths": {"type": "empirical", "path": "traces/AzureLLMInferenceTrace_code.csv"}})
+    w = build_workload(c, rng(12), ROOT / "workloads")
+    trace = load_trace(AZURE_CODE)
+    pairs = set(zip(trace.prompt_tokens.tolist(), trace.output_tokens.tolist()))
+    assert all(p in pairs for p in zip(w.prompt_tokens.tolist(), w.output_tokens.tolist()))
+    se = trace.prompt_tokens.std() / math.sqrt(5000)
+    assert abs(w.prompt_tokens.mean() - trace.prompt_tokens.mean()) < 4 * se
+
+
+def test_trace_config_resolves_paths_against_base_dir():
+    c = cfg({"type": "trace", "path": "traces/conversation_trace.jsonl", "rate_scale": 2,
+             "start_s": 600, "duration_s": 600, "bucket_policy": "burst"})
+    w = build_workload(c, rng(), ROOT / "workloads")
+    direct = load_trace(MOONCAKE_CONV, rate_scale=2, start_s=600, duration_s=600, bucket_policy="burst")
+    np.testing.assert_array_equal(w.arrival_s, direct.arrival_s)
+    with pytest.raises(TraceError, match="trace file not found"):
+        build_workload(c, rng(), ROOT)
+
+
+SYN = {"prompt_tokens": FIXED, "output_tokens": FIXED}
+
+
+@pytest.mark.parametrize(
+    "data, message",
+    [
+        ({"type": "poisson", "rate": 1, **SYN}, "exactly one of num_requests and duration_s"),
+        ({"type": "poisson", "rate": 1, "num_requests": 3, "duration_s": 3, **SYN}, "exactly one"),
+        ({"type": "poisson", "rate": 0, "num_requests": 3, **SYN}, r"poisson\.rate"),
+        ({"type": "gamma", "rate": 1, "num_requests": 3, **SYN}, r"gamma\.cv: required key is missing"),
+        ({"type": "closed_loop", "concurrency": 2, "num_requests": 3, "prompt_tokens": FIXED}, "give prompt_tokens"),
+        (
+            {"type": "closed_loop", "concurrency": 2, "num_requests": 3, **SYN,
+             "lengths": {"type": "empirical", "path": "x"}},
+            "not both",
+        ),
+        ({"type": "trace", "path": "x.csv", "rate_scale": 0}, r"trace\.rate_scale"),
+        ({"type": "trace", "path": "x.csv", "bucket_policy": "smear"}, r"trace\.bucket_policy"),
+        ({"type": "trace", "path": "x.csv", "speed": 2}, r"trace\.speed: unknown key"),
+        ({"type": "replay"}, "does not match any of the expected tags"),
+    ],
+)
+def test_workload_config_errors_are_one_line(data, message):
+    with pytest.raises(ConfigError, match=message) as info:
+        cfg(data)
+    assert "\n" not in str(info.value) and str(info.value).startswith("test.yaml:")
+
+
+def test_example_workload_files_load_and_build():
+    files = sorted((ROOT / "workloads").glob("*.yaml"))
+    assert len(files) >= 2
+    for path in files:
+        w = load_workload(path, rng(13))
+        assert len(w) > 0 and w.description
+
+
+def test_load_workload_config_reports_the_file(tmp_path):
+    p = tmp_path / "w.yaml"
+    p.write_text("type: poisson\nrate: fast\n")
+    with pytest.raises(ConfigError, match=r"w\.yaml: poisson\.rate"):
+        load_workload_config(p)
+
+
+def test_workload_rejects_inconsistent_arrays():
+    with pytest.raises(ValueError):
+        Workload(np.array([1.0, 0.5]), np.array([1, 1]), np.array([1, 1]))
+    with pytest.raises(ValueError):
+        Workload(np.array([0.0]), np.array([0]), np.array([1]))
+    with pytest.raises(ValueError):
+        Workload(np.array([0.0]), np.array([1]), np.array([1]), concurrency=2)
+
+
+def test_lognormal_runtime_mean_closed_form():
+    # unclipped above, min 1 is ~9 sd below: mean = exp(mu + sigma^2/2)
+    d = LognormalLength(mu=math.log(100), sigma=0.5)
+    assert d.mean() == pytest.approx(100 * math.exp(0.125), rel=1e-9)
