@@ -95,11 +95,18 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
         root = seed
     else:
         root = np.random.SeedSequence(int(seed))
-    engine, env, info = build_engine(cfg, folder, root)
-    env.run()
-    out = engine.output()
     from servesim.metrics import summarize
 
+    if cfg.deployment.replicas > 1:
+        from servesim.deployment import build_deployment
+
+        runner, env, info = build_deployment(cfg, folder, root)
+    else:
+        runner, env, info = build_engine(cfg, folder, root)
+    env.run()
+    out = runner.output()
     slo = cfg.slo.model_dump(exclude_none=True) if cfg.slo is not None else None
     summary = summarize(out, slo=slo or None)
+    if cfg.deployment.replicas > 1:
+        summary["replicas"] = [summarize(o, slo=slo or None) for o in runner.replica_outputs()]
     return Result(config=cfg, output=out, summary=summary, info=info)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,11 +43,23 @@ def engine_limits(cfg: SimConfig, hardware) -> tuple[int, int]:
     return seqs, tokens
 
 
-def build_engine(cfg: SimConfig, folder: Path, root: np.random.SeedSequence):
-    """Build the engine and its SimPy environment for one run.
+@dataclass
+class Prepared:
+    """Everything one replica needs, derived from a config (cards, limits, KV capacity, workload)."""
 
-    Returns:
-        (engine, env, info) where ``info`` records the derived setup (KV blocks, defaults, coefficients).
+    cfg: SimConfig
+    hardware: object
+    model: object
+    step_time: object
+    kv_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    workload: object
+    info: dict
+
+
+def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepared:
+    """Load the cards, apply vLLM's defaults, size the KV cache, build the workload.
 
     Raises:
         ConfigError: cards not found, the model does not fit, a request can never be served.
@@ -82,34 +95,6 @@ def build_engine(cfg: SimConfig, folder: Path, root: np.random.SeedSequence):
                 f"workload: {count} request(s) need more than max_model_len={max_len} tokens (longest {worst}); "
                 "vLLM would reject them: cap the lengths or raise engine.max_model_len"
             )
-    if workload.concurrency is None:
-        times = np.rint(np.asarray(workload.arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
-        source = ArrivalSource(times=times, num_requests=len(times))
-    else:
-        source = ArrivalSource(
-            times=None,
-            num_requests=len(workload.prompt_tokens),
-            concurrency=int(workload.concurrency),
-            think_ps=round(float(workload.think_time_s) * PS_PER_S),
-        )
-    try:
-        engine = Engine(
-            prompt_tokens=workload.prompt_tokens,
-            output_tokens=workload.output_tokens,
-            arrivals=source,
-            step_time=step_time,
-            kv_blocks_total=blocks,
-            block_size=e.block_size,
-            max_num_seqs=seqs,
-            max_num_batched_tokens=budget,
-            enable_chunked_prefill=e.enable_chunked_prefill,
-            mode=cfg.simulation.mode,
-            max_time_s=cfg.simulation.max_time_s,
-        )
-    except ValueError as exc:
-        raise ConfigError(f"engine: {exc}") from None
-    env = simpy.Environment()
-    env.process(engine.process(env))
     info = {
         "hardware": hardware.name,
         "model": model.name,
@@ -124,4 +109,59 @@ def build_engine(cfg: SimConfig, folder: Path, root: np.random.SeedSequence):
         "decode_step_s_batch1": step_time.base_s(1, 1),
         "kv_s_per_token": step_time.kv_ps_per_token / PS_PER_S,
     }
-    return engine, env, info
+    return Prepared(cfg, hardware, model, step_time, blocks, seqs, budget, workload, info)
+
+
+def arrival_source(workload) -> ArrivalSource:
+    """The engine's arrival source for a workload: open-loop times, or closed-loop clients."""
+    if workload.concurrency is None:
+        times = np.rint(np.asarray(workload.arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
+        return ArrivalSource(times=times, num_requests=len(times))
+    return ArrivalSource(
+        times=None,
+        num_requests=len(workload.prompt_tokens),
+        concurrency=int(workload.concurrency),
+        think_ps=round(float(workload.think_time_s) * PS_PER_S),
+    )
+
+
+def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> Engine:
+    """One replica's engine over ``source`` (requests ``0..N-1`` of the given token arrays).
+
+    Raises:
+        ConfigError: a request can never be served with these settings.
+    """
+    e = p.cfg.engine
+    try:
+        return Engine(
+            prompt_tokens=p.workload.prompt_tokens if prompt_tokens is None else prompt_tokens,
+            output_tokens=p.workload.output_tokens if output_tokens is None else output_tokens,
+            arrivals=source,
+            step_time=p.step_time,
+            kv_blocks_total=p.kv_blocks,
+            block_size=e.block_size,
+            max_num_seqs=p.max_num_seqs,
+            max_num_batched_tokens=p.max_num_batched_tokens,
+            enable_chunked_prefill=e.enable_chunked_prefill,
+            mode=p.cfg.simulation.mode,
+            max_time_s=p.cfg.simulation.max_time_s,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"engine: {exc}") from None
+
+
+def build_engine(cfg: SimConfig, folder: Path, root: np.random.SeedSequence):
+    """Build one replica's engine and its SimPy environment for one run.
+
+    Returns:
+        (engine, env, info): ``engine.output()`` gives the records after ``env.run()``; ``info`` records
+        the derived setup (KV blocks, defaults, coefficients).
+
+    Raises:
+        ConfigError: cards not found, the model does not fit, a request can never be served.
+    """
+    p = prepare(cfg, folder, root)
+    engine = make_engine(p, arrival_source(p.workload))
+    env = simpy.Environment()
+    env.process(engine.process(env))
+    return engine, env, p.info

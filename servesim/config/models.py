@@ -87,6 +87,19 @@ class SimulationConfig(_Strict):
     max_time_s: float | None = Field(default=None, gt=0.0)
 
 
+class DeploymentConfig(_Strict):
+    """Replicas of the same server behind a router.
+
+    Attributes:
+        replicas: identical engine replicas (each with ``tensor_parallel_size`` GPUs).
+        router: ``round_robin``, ``least_outstanding`` (fewest unfinished requests) or ``shortest_queue``
+            (fewest waiting requests); ties go to the lowest replica index.
+    """
+
+    replicas: int = Field(default=1, ge=1)
+    router: Literal["round_robin", "least_outstanding", "shortest_queue"] = "round_robin"
+
+
 class SimConfig(_Strict):
     """A whole run config: hardware, model, engine, step-time model, workload, SLOs, seed."""
 
@@ -100,6 +113,7 @@ class SimConfig(_Strict):
     slo: SloConfig | None = None
     seed: int = Field(default=0, ge=0)
     simulation: SimulationConfig = SimulationConfig()
+    deployment: DeploymentConfig = DeploymentConfig()
     speculative_config: dict[str, Any] | None = None
 
 
