@@ -17,6 +17,7 @@ from servesim.engine.output import EngineOutput
 STREAM_WORKLOAD = 0
 STREAM_ACCEPTANCE = 1
 STREAM_ROUTER = 2
+STREAM_FACTORS = 3
 
 
 def child_seed(root: np.random.SeedSequence, index: int) -> np.random.SeedSequence:

@@ -56,6 +56,7 @@ class Prepared:
     max_num_batched_tokens: int
     workload: object
     info: dict
+    spec: object = None
 
 
 def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepared:
@@ -71,6 +72,15 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
     tp = cfg.tensor_parallel_size
     seqs, budget = engine_limits(cfg, hardware)
     e = cfg.engine
+    step_time = build_step_time_model(hardware, model, tp, cfg.roofline.mode)
+    spec = drafter = None
+    if cfg.speculative_config is not None:
+        from servesim.config.loading import validate
+        from servesim.speculation.config import SpeculativeConfig
+        from servesim.speculation.costs import build_drafter
+
+        spec = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")
+        drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
     blocks = kv_cache_blocks(
         hardware,
         model,
@@ -81,8 +91,9 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         max_num_seqs=seqs,
         activation_reserve=e.activation_reserve_bytes,
         num_gpu_blocks_override=e.num_gpu_blocks_override,
+        extra_weight_bytes_per_gpu=drafter.weight_bytes_per_gpu if drafter else 0.0,
+        extra_kv_bytes_per_token_per_gpu=drafter.kv_bytes_per_token_per_gpu if drafter else 0.0,
     )
-    step_time = build_step_time_model(hardware, model, tp, cfg.roofline.mode)
     rng = np.random.default_rng(child_seed(root, STREAM_WORKLOAD))
     workload = build_workload(cfg.workload, rng, folder)
     max_len = e.max_model_len or getattr(model, "max_model_len", None)
@@ -109,7 +120,46 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         "decode_step_s_batch1": step_time.base_s(1, 1),
         "kv_s_per_token": step_time.kv_ps_per_token / PS_PER_S,
     }
-    return Prepared(cfg, hardware, model, step_time, blocks, seqs, budget, workload, info)
+    spec_setup = None
+    if spec is not None:
+        spec_setup = _spec_setup(spec, drafter, workload, folder, root)
+        info["speculative_method"] = spec.method
+        info["num_speculative_tokens"] = spec.num_speculative_tokens
+        info["acceptance_profile"] = spec_setup.profile.name
+        info["mean_acceptance_length_model"] = float(spec_setup.profile.mean_acceptance_length(spec.num_speculative_tokens))
+    return Prepared(cfg, hardware, model, step_time, blocks, seqs, budget, workload, info, spec_setup)
+
+
+def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSequence):
+    """Acceptance profile, k schedule and pre-drawn uniforms of a speculative run."""
+    from servesim.api import STREAM_ACCEPTANCE, STREAM_FACTORS, child_seed
+    from servesim.engine.spec_engine import SpecSetup
+    from servesim.speculation.config import DEFAULT_PROFILES
+    from servesim.speculation.profile import load_profile
+    from servesim.speculation.schedule import KSchedule
+
+    profile = load_profile(
+        spec.acceptance if spec.acceptance is not None else DEFAULT_PROFILES[spec.method],
+        base_dir=folder,
+        source="speculative_config.acceptance",
+    )
+    total_rounds = int(np.asarray(workload.output_tokens, dtype=np.int64).sum())
+    uniforms = np.random.default_rng(child_seed(root, STREAM_ACCEPTANCE)).random(total_rounds)
+    n = len(workload.output_tokens)
+    factors = None
+    h = getattr(profile, "heterogeneity", None)
+    if h is not None and h.enabled:
+        factors = profile.request_factors(np.random.default_rng(child_seed(root, STREAM_FACTORS)), n)
+    return SpecSetup(
+        schedule=KSchedule(spec.num_speculative_tokens, spec.num_speculative_tokens_per_batch_size),
+        lookahead=spec.lookahead_slots,
+        disable_by_batch_size=spec.disable_by_batch_size,
+        drafts_may_be_empty=spec.drafts_may_be_empty,
+        drafter=drafter,
+        profile=profile,
+        uniforms=uniforms,
+        factors=factors,
+    )
 
 
 def arrival_source(workload) -> ArrivalSource:
@@ -132,8 +182,14 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
         ConfigError: a request can never be served with these settings.
     """
     e = p.cfg.engine
+    cls, extra = Engine, {}
+    if p.spec is not None:
+        from servesim.engine.spec_engine import SpecEngine
+
+        cls, extra = SpecEngine, {"spec": p.spec}
     try:
-        return Engine(
+        return cls(
+            **extra,
             prompt_tokens=p.workload.prompt_tokens if prompt_tokens is None else prompt_tokens,
             output_tokens=p.workload.output_tokens if output_tokens is None else output_tokens,
             arrivals=source,

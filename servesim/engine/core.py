@@ -136,7 +136,7 @@ class Engine:
         self.stale: dict[int, int] = {}  # decoders whose last emission was not at the previous step's end
         self.fing = [-1] * n  # step at which aggregated decoder r emits its last token; -1 if not one
         # Step log: one tuple per step or run (start, steps, first duration, increment, duration, batch,
-        # tokens, prefill tokens, ITL samples per step, KV blocks used, waiting, preempted), in ps.
+        # tokens, prefill tokens, ITL samples per step, KV blocks used, waiting, preempted, k), in ps.
         self.rows: list[tuple] = []
         self.extra_itl: list[int] = []
         self._arrived: list[tuple[int, int]] = []
@@ -297,7 +297,7 @@ class Engine:
                 self._emit(r, t0, t1)
         self.now = t1
         self.G += 1
-        self.rows.append((t0, 1, d, 0, d, len(sched), tokens, prefill, itl, used, nwait, preempted))
+        self.rows.append((t0, 1, d, 0, d, len(sched), tokens, prefill, itl, used, nwait, preempted, 0))
 
     # ------------------------------------------------------------------ aggregated decoders (run mode)
     def _join(self, r: int, g_next: int) -> None:
@@ -441,7 +441,7 @@ class Engine:
             self.stale = {}
         self.now = t1
         self.G = g + n
-        self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0))
+        self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
         self._finish_decoders(g + n - 1, t1)
 
     @staticmethod
@@ -574,9 +574,13 @@ class Engine:
                     self._join(r, g + 1)
             else:
                 self.partial = r
-        self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted))
+        self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, 0))
 
     # ------------------------------------------------------------------ results
+    def _exact_durations(self):
+        """Per-step durations (s) when rows are not arithmetic runs (speculation); None otherwise."""
+        return None
+
     def output(self) -> EngineOutput:
         """The engine's records as arrays in seconds (call after the SimPy run)."""
         if self.mode == "run" and (self.B or self.partial is not None):
@@ -602,7 +606,7 @@ class Engine:
             preemptions=np.asarray(self.npre, dtype=np.int64),
         )
 
-        rows = np.asarray(self.rows, dtype=np.int64).reshape(-1, 12)
+        rows = np.asarray(self.rows, dtype=np.int64).reshape(-1, 13)
         cols = rows.T
         steps = StepLog(
             start_s=cols[0] / s,
@@ -617,7 +621,8 @@ class Engine:
             kv_blocks_used=cols[9].copy(),
             num_waiting=cols[10].copy(),
             num_preempted=cols[11].copy(),
-            k=np.zeros(rows.shape[0], dtype=np.int64),
+            k=cols[12].copy(),
+            durations_s=self._exact_durations(),
         )
         return EngineOutput(
             requests=requests,

@@ -42,8 +42,13 @@ def kv_cache_blocks(
     max_num_seqs: int,
     activation_reserve: float | None = None,
     num_gpu_blocks_override: int | None = None,
+    extra_weight_bytes_per_gpu: float = 0.0,
+    extra_kv_bytes_per_token_per_gpu: float = 0.0,
 ) -> int:
     """KV-cache capacity of one replica (blocks of ``block_size`` tokens).
+
+    ``extra_*`` account for a speculative drafter: its weights, and its KV cache, which vLLM keeps in the
+    same block pool (a block then holds both models' KV for its ``block_size`` tokens).
 
     Raises:
         ConfigError: the weights and activations leave no room for a single block.
@@ -57,9 +62,9 @@ def kv_cache_blocks(
         else activation_reserve_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
     )
     usable = gpu_memory_utilization * float(hardware.memory_bytes)
-    weights = float(model.weight_bytes) / tp
+    weights = float(model.weight_bytes) / tp + extra_weight_bytes_per_gpu
     free = usable - weights - reserve
-    per_block = float(model.kv_bytes_per_token) / tp * block_size
+    per_block = (float(model.kv_bytes_per_token) / tp + extra_kv_bytes_per_token_per_gpu) * block_size
     blocks = int(free // per_block) if per_block > 0 else 0
     if blocks < 1:
         raise ConfigError(

@@ -64,6 +64,10 @@ class StepLog:
         num_waiting: int64, requests in the waiting queue at the start of the row.
         num_preempted: int64, requests preempted in this row (only single-step rows preempt).
         k: int64, speculative tokens proposed per request per step (0 without speculation).
+        durations_s: optional float64 (S,), the exact duration of every individual step in row order
+            (S = sum of num_steps). Present when the steps of a run are not an arithmetic sequence
+            (speculative decoding: contexts grow by a random number of tokens per step); then
+            ``step_increment_s`` is the mean increment of the row, for display only.
     """
 
     start_s: np.ndarray
@@ -79,6 +83,7 @@ class StepLog:
     num_waiting: np.ndarray
     num_preempted: np.ndarray
     k: np.ndarray
+    durations_s: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.start_s.shape[0])

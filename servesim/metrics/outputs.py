@@ -27,7 +27,7 @@ REQUEST_COLUMNS: tuple[str, ...] = (
     "first_scheduled_s", "first_token_s", "finish_s",
 )
 #: Column order of ``steps.csv``: every :class:`StepLog` field, in its declaration order.
-STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepLog))
+STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepLog) if f.name != "durations_s")
 
 
 def request_columns(out: EngineOutput) -> dict[str, np.ndarray]:

@@ -30,6 +30,12 @@ def expand_step_durations(steps: StepLog, rows: np.ndarray | None = None) -> tup
     row = np.repeat(index, counts)
     first = np.cumsum(counts) - counts  # position of each row's first step in the expansion
     i = np.arange(row.shape[0], dtype=np.int64) - np.repeat(first, counts)
+    if steps.durations_s is not None:
+        exact = np.asarray(steps.durations_s, dtype=np.float64)
+        if rows is None:
+            return exact, row
+        starts = np.cumsum(np.asarray(steps.num_steps, dtype=np.int64)) - np.asarray(steps.num_steps, dtype=np.int64)
+        return exact[np.repeat(starts[index], counts) + i], row
     # The engine's clock is integer picoseconds: rebuild each step's exact integer duration before
     # converting, so that a run of n steps expands to exactly the n durations of stepping one at a time.
     ps = float(PS_PER_S)

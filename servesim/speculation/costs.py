@@ -1,0 +1,127 @@
+"""What drafting costs in an engine step, following vLLM V1.
+
+The drafter runs in the same engine step, after the target's forward pass and rejection sampling:
+
+* ``draft_model``, EAGLE, EAGLE-3, Medusa and MTP: one drafter pass over all the step's tokens (it must
+  see the prompt chunks and the accepted tokens to keep its own KV cache), then ``k - 1`` passes of one
+  token per sampling request. Each pass is timed with the same roofline as the target, from the drafter's
+  own weights and KV (no second per-step overhead: it is the same engine step)::
+
+      t_draft = t_pass(T tokens) + (k - 1) * t_pass(n requests) + k * (kv_draft * sum(ctx) + t_launch)
+
+  A draft model is a model card (its weights and KV cache share the GPU memory and the KV block pool). An
+  EAGLE/EAGLE-3/Medusa/MTP head is, by default, one decoder layer of the target's width plus the target's
+  lm_head (which it reads but does not store twice); ``draft_head`` overrides it with any model card.
+* ``ngram``/``suffix``: a CPU proposer after the bookkeeping: ``n requests * ngram_cpu_s_per_request``.
+* The seed lesson's simple mode (``draft_cost = c``): ``k * c * t_target_decode(n requests)``, where the
+  target decode step is the context-free part of a plain decode step of the same batch (Example 12).
+
+All times are integer picoseconds so that runs of steps stay exact (see :mod:`servesim.roofline`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from servesim.roofline import PS_PER_S, StepTimeModel, build_step_time_model
+
+
+@dataclass
+class DrafterCost:
+    """Per-step drafting time (integer ps) and the drafter's memory footprint.
+
+    Attributes:
+        kind: ``"model"`` (roofline of a drafter), ``"simple"`` (c x target step) or ``"cpu"`` (n-gram).
+        weight_bytes_per_gpu: drafter weights stored on each GPU (bytes; lm_head shared with the target
+            is not counted twice).
+        kv_bytes_per_token_per_gpu: drafter KV bytes per token per GPU, stored in the same block pool.
+        kv_ps_per_draft_token: ps per context token per drafter pass (0 for "simple" and "cpu").
+    """
+
+    kind: str
+    weight_bytes_per_gpu: float = 0.0
+    kv_bytes_per_token_per_gpu: float = 0.0
+    kv_ps_per_draft_token: int = 0
+    draft_model: StepTimeModel | None = None
+    target: StepTimeModel | None = None
+    c: float = 0.0
+    cpu_ps_per_request: int = 0
+    pass_overhead_ps: int = 0
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    def const_ps(self, num_tokens: int, num_requests: int, k: int) -> int:
+        """Context-independent drafting time of a step (ps) proposing ``k`` tokens for ``num_requests``."""
+        if k <= 0 or num_requests <= 0:
+            return 0
+        key = (num_tokens, num_requests, k)
+        v = self._cache.get(key)
+        if v is None:
+            if self.kind == "cpu":
+                v = num_requests * self.cpu_ps_per_request
+            elif self.kind == "simple":
+                v = k * round(self.c * self.target.base_ps(num_requests, num_requests))
+            else:
+                d = self.draft_model
+                v = (d.base_ps(num_tokens, num_requests) + (k - 1) * d.base_ps(num_requests, num_requests)
+                     + k * self.pass_overhead_ps)
+            self._cache[key] = v
+        return v
+
+    def step_ps(self, num_tokens: int, num_requests: int, k: int, ctx_tokens: int) -> int:
+        """Drafting time of one step (ps); ``ctx_tokens`` = sum of the requests' attended contexts."""
+        if k <= 0 or num_requests <= 0:
+            return 0
+        return self.const_ps(num_tokens, num_requests, k) + k * self.kv_ps_per_draft_token * ctx_tokens
+
+
+def head_card(target) -> dict:
+    """Default EAGLE/Medusa/MTP head: one decoder layer of the target plus its lm_head (explicit card).
+
+    Weights read per pass: one layer's matmul parameters plus the lm_head; KV: one layer's worth.
+    """
+    layers = max(int(getattr(target, "num_hidden_layers", 1) or 1), 1)
+    per_layer = float(target.linear_flops_per_token) / 2.0 / layers
+    lm_head = float(target.lm_head_flops_per_token) / 2.0
+    return {
+        "name": f"{target.name}-draft-head",
+        "num_params": per_layer + lm_head,
+        "kv_bytes_per_token": float(target.kv_bytes_per_token) / layers,
+        "weight_dtype": str(getattr(target, "weight_dtype", "bf16")),
+        "max_model_len": int(getattr(target, "max_model_len", 0) or 131072),
+        "source": "servesim default drafter head: one target decoder layer + the target's lm_head",
+    }
+
+
+def build_drafter(spec, hardware, target, tensor_parallel_size: int, mode: str, target_step: StepTimeModel,
+                  base_dir: Path | None = None) -> DrafterCost:
+    """The drafting cost model of a :class:`~servesim.speculation.config.SpeculativeConfig`.
+
+    Raises:
+        ConfigError: the draft model card cannot be loaded.
+    """
+    if spec.draft_cost is not None:
+        return DrafterCost(kind="simple", target=target_step, c=float(spec.draft_cost))
+    if spec.method in ("ngram", "suffix"):
+        return DrafterCost(kind="cpu", cpu_ps_per_request=round(spec.ngram_cpu_s_per_request * PS_PER_S))
+    from servesim.cards import load_model
+
+    tp = int(spec.draft_tensor_parallel_size or tensor_parallel_size)
+    if spec.method == "draft_model":
+        card = load_model(spec.model, base_dir=base_dir)
+        weights = float(card.weight_bytes) / tp
+    else:
+        card = load_model(spec.draft_head if spec.draft_head is not None else head_card(target), base_dir=base_dir)
+        shared_lm_head = 0.0 if spec.draft_head is not None else float(target.lm_head_flops_per_token) / 2.0
+        weights = max(float(card.weight_bytes) - shared_lm_head * float(card.bytes_per_weight), 0.0) / tp
+    model = build_step_time_model(hardware, card, tp, mode)
+    model.overhead_s = 0.0  # same engine step as the target pass: no second per-step overhead
+    model._base_cache.clear()
+    return DrafterCost(
+        kind="model",
+        weight_bytes_per_gpu=weights,
+        kv_bytes_per_token_per_gpu=float(card.kv_bytes_per_token) / tp,
+        kv_ps_per_draft_token=model.kv_ps_per_token,
+        draft_model=model,
+        pass_overhead_ps=0 if mode == "ideal" else round(spec.draft_pass_overhead_s * PS_PER_S),
+    )
