@@ -14,9 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 TRACE = ROOT / "workloads" / "traces" / "AzureLLMInferenceTrace_conv.csv"
 
 
-def config(rate_scale: float, mode: str, duration_s: float | None, blocks: int | None) -> dict:
+def config(rate_scale: float, mode: str, duration_s: float | None, blocks: int | None, spec=None) -> dict:
     engine = {} if blocks is None else {"num_gpu_blocks_override": blocks}
     return {
+        "speculative_config": spec,
         "hardware": "h100-sxm",
         "model": "llama-3.1-8b",
         "engine": engine,
@@ -32,6 +33,7 @@ def assert_identical(a, b):
     np.testing.assert_array_equal(np.sort(a.output.extra_itl_s), np.sort(b.output.extra_itl_s))
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
         assert a.summary[key] == b.summary[key], key
+    assert a.output.spec_counters == b.output.spec_counters
 
 
 @pytest.mark.parametrize(
@@ -45,6 +47,20 @@ def test_run_mode_equals_step_mode_on_azure_window(rate_scale, blocks):
     if blocks is not None:
         assert int(run.output.requests.preemptions.sum()) > 50
     assert len(run.output.steps) < len(step.output.steps)  # the fast path really ran runs of steps
+    assert_identical(run, step)
+
+
+EAGLE = {"method": "eagle", "num_speculative_tokens": 3}
+
+
+@pytest.mark.parametrize("rate_scale, blocks", [(1.0, None), (4.0, 2500)])
+def test_run_mode_equals_step_mode_with_speculation(rate_scale, blocks):
+    run = simulate(config(rate_scale, "run", 150.0, blocks, EAGLE))
+    step = simulate(config(rate_scale, "step", 150.0, blocks, EAGLE))
+    assert run.summary["spec_decode"]["num_drafts"] > 10_000
+    if blocks is not None:
+        assert int(run.output.requests.preemptions.sum()) > 20
+    assert len(run.output.steps) < len(step.output.steps)
     assert_identical(run, step)
 
 

@@ -176,19 +176,23 @@ class Engine:
             got.clear()
 
     # ------------------------------------------------------------------ shared pieces
-    def _admit(self, t0: int, budget: int, free: int, nrun: int, sched: list) -> tuple[int, int]:
-        """Admit waiting requests (FCFS) into ``sched``; returns (budget, free) left."""
+    def _admit(self, t0: int, budget: int, free: int, nrun: int, sched: list, lookahead: int = 0) -> tuple[int, int]:
+        """Admit waiting requests (FCFS) into ``sched``; returns (budget, free) left.
+
+        A request is admitted only if its whole prompt (plus ``lookahead`` speculative slots) fits in the
+        free blocks; it gets blocks for its first chunk plus the lookahead slots.
+        """
         waiting, P, gen, blk, bs = self.waiting, self.P, self.gen, self.blk, self.bs
         running, first_sched = self.running, self.first_sched
         while waiting and budget > 0 and nrun < self.max_seqs:
             r = waiting[0]
             total = P[r] + gen[r]
-            if -(-total // bs) > free:
+            if -(-(total + lookahead) // bs) > free:
                 break
             n = total if total < budget else budget
             if n < total and not self.chunked:
                 break
-            need = -(-n // bs)
+            need = -(-(n + lookahead) // bs)
             free -= need
             blk[r] = need
             waiting.popleft()

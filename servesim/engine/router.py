@@ -27,6 +27,7 @@ think time (a finish is known one step ahead), which the source reports too.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 import simpy
@@ -100,6 +101,7 @@ class Router:
         self._num_finished = 0
         self._scheduled: set[int] = set()
         self._pulled: list[tuple[int, int]] = []
+        self._finishes: list[tuple[int, int, int]] = []  # closed loop: (finish ps, replica, report order)
         self.waiting_of = [lambda: 0] * self.R
         self.has_work = [lambda: False] * self.R
         self.next_run_ps: list[int | None] = [0] * self.R
@@ -107,7 +109,16 @@ class Router:
 
     # ------------------------------------------------------------------ routing
     def route_until(self, now_ps: int) -> None:
-        """Route every global arrival at or before ``now_ps`` (ps), in arrival order."""
+        """Route every global arrival at or before ``now_ps`` (ps), in arrival order.
+
+        In a closed loop, first hand the finishes at or before ``now_ps`` to the global source in time
+        order (ties: replica index, then the replica's own order), so that clients issue their next
+        requests in the order their previous ones finished whatever the order the replicas reported
+        them in (a replica reports a finish when the step producing it starts, up to a run ahead).
+        """
+        finishes = self._finishes
+        while finishes and finishes[0][0] <= now_ps:
+            self.source.on_finish(heapq.heappop(finishes)[0])
         got = self._pulled
         self.source.pop_until(now_ps, got)
         if not got:
@@ -143,8 +154,14 @@ class Router:
         return best
 
     # ------------------------------------------------------------------ wake-ups (URGENT events)
-    def _schedule_wake(self) -> None:
+    def _next_event_ps(self) -> int | None:
         t = self.source.next_time()
+        if self._finishes and (t is None or self._finishes[0][0] < t):
+            t = self._finishes[0][0]
+        return t
+
+    def _schedule_wake(self) -> None:
+        t = self._next_event_ps()
         if t is None or (self._scheduled and min(self._scheduled) <= t):
             return  # an earlier wake-up is pending; it schedules the next one after routing
         self._scheduled.add(t)
@@ -161,8 +178,8 @@ class Router:
         """Replica ``replica`` finished a request at ``now_ps`` (reported up to one step ahead)."""
         self._finish_times[replica].append(now_ps)
         self._num_finished += 1
-        self.source.on_finish(now_ps)
         if self.source.concurrency is not None:
+            heapq.heappush(self._finishes, (now_ps, replica, self._num_finished))
             self._schedule_wake()
 
     # ------------------------------------------------------------------ what a replica may expect
@@ -172,6 +189,10 @@ class Router:
         a finish is always reported before the step that produces it starts); None if nothing can come."""
         t = self.source.next_time()
         src = self.source
+        if self._finishes:
+            issue = self._finishes[0][0] + src.think_ps
+            if t is None or issue < t:
+                t = issue
         if src.concurrency is not None and src.concurrency + self._num_finished < src.num_requests:
             think = src.think_ps
             for k in range(self.R):

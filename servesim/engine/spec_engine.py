@@ -84,6 +84,17 @@ class SpecEngine(Engine):
         self.accepted_per_pos = [0] * self.K
         self.dur_chunks: list = []  # exact per-step durations (ps), in row order
         self.mean_len = float(spec.profile.mean_acceptance_length(self.K))
+        self.p_fixed = np.cumprod(spec.profile.conditional_rates(self.K))[None, :]
+        # run mode: per-step sums over the aggregated decoders' timelines (see _join)
+        self.var_q = bool(spec.drafts_may_be_empty)
+        self.cap = 0
+        self._arrays = ("NCB", "NB", "TOK", "QNCB", "QQ") if self.var_q else ("NCB", "NB")
+        for name in ("NCB", "NB", "TOK", "QNCB", "QQ"):
+            setattr(self, name, np.zeros(0, dtype=np.int64))
+        self._ensure(1024)
+        self.tl: dict[int, tuple] = {}
+        self.k_agg = self.k_next
+        self.base_tab = np.full(self.M + 1, -1, dtype=np.int64)
         bs, L = self.bs, self.L
         if n and L:
             longest = max(p + o for p, o in zip(self.P, self.O)) + L + self.K
@@ -107,8 +118,7 @@ class SpecEngine(Engine):
         if decay is not None and decay.enabled:
             ctx = self.nc[r] + np.arange(len(u)) * self.mean_len
         if factors is None and ctx is None:
-            p = np.cumprod(prof.conditional_rates(self.K))
-            table = (u[:, None] < p[None, :]).sum(axis=1)
+            table = (u[:, None] < self.p_fixed).sum(axis=1)
         else:
             p = np.cumprod(prof.conditional_rates(self.K, factors, ctx), axis=1)
             table = (u[:, None] < p).sum(axis=1)
@@ -189,13 +199,8 @@ class SpecEngine(Engine):
             idx += 1
         if not preempted:
             adm: list[tuple[int, int]] = []
-            budget, free = self._admit(t0, budget, free, len(running), adm)
-            for r, n in adm:
-                extra = -(-(n + L) // bs) - blk[r]
-                if extra > 0:  # lookahead slots for the new request too
-                    free -= extra
-                    blk[r] += extra
-                sched.append((r, n, 0, 0))
+            budget, free = self._admit(t0, budget, free, len(running), adm, L)
+            sched.extend((r, n, 0, 0) for r, n in adm)
         self.free = free
         if not sched:
             self._stalled()
@@ -246,11 +251,408 @@ class SpecEngine(Engine):
         self.rows.append((t0, 1, d_step, 0, d_step, len(sched), tokens, prefill, itl, used, nwait, preempted, k_step))
         self.dur_chunks.append(d_step)
 
-    def _fast_step(self) -> None:
-        # Run mode with speculation: see _spec_run (decode runs) and the plain step otherwise.
+    # ------------------------------------------------------------------ run mode: decoder timelines
+    # A decoding request's future is fixed once k is: its acceptance table gives, round by round, the
+    # tokens it schedules (1 + drafts), its context, its new KV blocks and the round it finishes in. At
+    # join, these per-round arrays are added into global per-step arrays (see _join) indexed by
+    # the absolute step number; a run of decode steps is then a few vector operations on slices of them,
+    # and a finish, an arrival or a failing block allocation ends the run. When the global k changes
+    # (batch-size schedule), every decoder's remaining timeline is recomputed.
+
+    def _ensure(self, end: int) -> None:
+        if end > self.cap:
+            cap = max(end, 2 * self.cap, 1024)
+            for name in self._arrays:
+                old = getattr(self, name)
+                new = np.zeros(cap, dtype=np.int64)
+                new[: self.cap] = old
+                setattr(self, name, new)
+            self.cap = cap
+
+    def _join(self, r: int, g: int, k: int | None = None) -> None:  # type: ignore[override]
+        """Add decoder r's timeline from step g (k drafts per round) to the per-step sums.
+
+        Per round i: ``ncb_i`` computed tokens before the round, ``q_i = 1 + drafts`` scheduled tokens,
+        ``newblk_i`` KV blocks allocated. Sums kept per absolute step: NCB (computed tokens), NB (new
+        blocks) and, when drafts may be empty (n-gram), TOK (q), QNCB (q * ncb) and QQ (q (q + 1) / 2);
+        with a fixed q those three follow from B and NCB. The vLLM counters of the rounds are added at
+        join and the part not run is taken back if the decoder leaves early (preemption, k change).
+        """
+        k = self.k_agg if k is None else k
+        nc0, gen0, blk0, j0 = self.nc[r], self.gen[r], self.blk[r], self.rounds[r]
+        jt, table = self.acc_table[r]
+        remaining = self.O[r] - gen0
+        a_full = table[j0 - jt: j0 - jt + remaining]
+        if k == 0:
+            J = remaining
+            acc = None
+            ncb = np.arange(nc0, nc0 + J, dtype=np.int64)
+            q = 1
+        else:
+            if self.var_q:
+                d = np.where(a_full < 0, 0, k)
+                acc = np.minimum(d, a_full.clip(0))
+            else:
+                d = None
+                acc = np.minimum(a_full, k)
+            e = acc + 1
+            cum = np.cumsum(e)
+            J = int(np.searchsorted(cum, remaining)) + 1
+            acc = acc[:J]
+            ncb = (nc0 - e[:J]) + cum[:J]
+            q = (d[:J] + 1) if self.var_q else k + 1
+        bs = self.bs
+        need = (ncb + (q + self.L + bs - 1)) // bs
+        if self.var_q:
+            held = np.maximum.accumulate(np.maximum(need, blk0))
+        else:
+            held = np.maximum(need, blk0)  # non-decreasing: ncb grows every round, q is fixed
+        newblk = held.copy()
+        newblk[1:] -= held[:-1]
+        newblk[0] -= blk0
+        end = g + J
+        if end > self.cap:
+            self._ensure(end)
+        self.NCB[g:end] += ncb
+        self.NB[g:end] += newblk
+        if self.var_q:
+            self.TOK[g:end] += q
+            self.QNCB[g:end] += q * ncb
+            self.QQ[g:end] += q * (q + 1) // 2
+        self.tl[r] = (g, J, ncb, held, acc, gen0, blk0, j0, newblk, q, k)
+        if acc is not None:
+            self._add_counters(acc, None if not self.var_q else q, k, +1)
+        self.B += 1
+        fin = end - 1
+        self.fing[r] = fin
+        heapq.heappush(self.heap, (fin, r))
+
+    def _add_counters(self, acc: np.ndarray, q, k: int, sign: int) -> None:
+        if q is None:
+            rounds, drafted = len(acc), len(acc) * k
+            drafted_acc = acc
+        else:
+            mask = q > 1
+            rounds, drafted = int(mask.sum()), int((q - 1).sum())
+            drafted_acc = acc[mask]
+        if not rounds:
+            return
+        counts = np.bincount(drafted_acc, minlength=self.K + 1).tolist()
+        self.num_drafts += sign * rounds
+        self.num_draft_tokens += sign * drafted
+        pos = self.accepted_per_pos
+        at_least = 0  # rounds with at least i + 1 accepted drafts, for i = K-1 down to 0
+        accepted = 0
+        for i in range(self.K, 0, -1):
+            at_least += counts[i]
+            accepted += i * counts[i]
+            pos[i - 1] += sign * at_least
+        self.num_accepted_tokens += sign * accepted
+
+    def _leave(self, r: int, g: int) -> int:  # type: ignore[override]
+        """Remove decoder r at step g (its rounds before g done); write back its state; return its blocks."""
+        g0, J, ncb, held, acc, gen0, blk0, j0, newblk, q, k = self.tl.pop(r)
+        m = g - g0
+        end = g0 + J
+        if m < J:
+            self.NCB[g:end] -= ncb[m:]
+            self.NB[g:end] -= newblk[m:]
+            if self.var_q:
+                qs = q[m:]
+                self.TOK[g:end] -= qs
+                self.QNCB[g:end] -= qs * ncb[m:]
+                self.QQ[g:end] -= qs * (qs + 1) // 2
+            if acc is not None:
+                self._add_counters(acc[m:], q[m:] if self.var_q else None, k, -1)
+        if m:
+            if m < J:
+                nc = int(ncb[m])
+                gen = gen0 + nc - int(ncb[0])
+            else:
+                last_acc = int(acc[J - 1]) if acc is not None else 0
+                nc = int(ncb[J - 1]) + 1 + last_acc
+                gen = self.O[r]
+            self.nc[r] = nc
+            self.gen[r] = min(gen, self.O[r])
+            blocks = int(held[m - 1])
+        else:
+            blocks = blk0
+        self.blk[r] = blocks
+        self.rounds[r] = j0 + m
+        self.B -= 1
+        self.fing[r] = -1
+        return blocks
+
+    def _need_at(self, r: int, g: int) -> int:
+        """New KV blocks decoder r allocates at step g."""
+        timeline = self.tl[r]
+        return int(timeline[8][g - timeline[0]])
+
+    def _dec_sums(self, g: int) -> tuple[int, int, int]:
+        """(scheduled tokens, sum of attended contexts, attention pairs) of the aggregated decoders at step g."""
+        B = self.B
+        if not B:
+            return 0, 0, 0
+        ncb = int(self.NCB[g])
+        if self.var_q:
+            tok = int(self.TOK[g])
+            return tok, ncb + tok, int(self.QNCB[g]) + int(self.QQ[g])
+        q = self.k_agg + 1
+        return B * q, ncb + B * q, q * ncb + B * (q * (q + 1) // 2)
+
+    def _retime(self, g: int, k: int) -> None:
+        """All decoders continue from step g with k drafts per round."""
+        members = [r for r in self.running if r in self.tl]
+        for r in members:
+            self._leave(r, g)
+        self.k_agg = k
+        for r in members:
+            self._join(r, g, k)
+
+    def _materialize(self) -> None:  # type: ignore[override]
+        g, now, stale, last = self.G, self.now, self.stale, self.last_emit
+        for r in list(self.tl):
+            self._leave(r, g)
+            last[r] = stale.get(r, now)
+        self.heap = []
+        self.stale = {}
+        self.partial = None
+
+    def _aggregate(self) -> None:  # type: ignore[override]
+        P, gen, nc, now, last = self.P, self.gen, self.nc, self.now, self.last_emit
+        self.k_agg = self.k_next
+        for r in self.running:
+            if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:
+                self._join(r, self.G)
+                if last[r] != now:
+                    self.stale[r] = last[r]
+            else:
+                self.partial = r
+
+    def _finish_decoders(self, g_last: int, t1: int) -> None:  # type: ignore[override]
+        heap, fing = self.heap, self.fing
+        while heap and heap[0][0] == g_last:
+            _, r = heapq.heappop(heap)
+            if fing[r] != g_last:
+                continue
+            self._leave(r, g_last + 1)
+            self.gen[r] = self.O[r]
+            self.last_emit[r] = t1
+            self._finish(r, t1)
+
+    def _base_vec(self, tok: np.ndarray) -> np.ndarray:
+        tab = self.base_tab
+        hi = int(tok.max())
+        if hi >= len(tab):
+            grown = np.full(max(hi + 1, 2 * len(tab)), -1, dtype=np.int64)
+            grown[: len(tab)] = tab
+            self.base_tab = tab = grown
+        vals = tab[tok]
+        if (vals < 0).any():
+            for t in np.unique(tok[vals < 0]).tolist():
+                tab[t] = self.st.base_ps(t, t)
+            vals = tab[tok]
+        return vals
+
+    def _fallback(self) -> None:
+        self._materialize()
         self._explicit_step()
+        self._aggregate()
+
+    def _fast_step(self) -> None:  # type: ignore[override]
+        g = self.G
+        if self.k_next != self.k_agg and self.tl:
+            self._retime(g, self.k_next)
+        self.k_agg = self.k_next
+        B = self.B
+        t_dec = (int(self.TOK[g]) if self.var_q else B * (self.k_agg + 1)) if B else 0
+        budget = self.M - t_dec
+        if budget < 0:
+            self._fallback()
+            return
+        nb = int(self.NB[g]) if B else 0
+        if self.partial is None and B and nb <= self.free:
+            waiting = self.waiting
+            blocked = True
+            if waiting and budget > 0 and len(self.running) < self.max_seqs:
+                h = waiting[0]
+                total = self.P[h] + self.gen[h]
+                blocked = -(-total // self.bs) > self.free - nb or (not self.chunked and total > budget)
+            if blocked:
+                self._spec_run(g, B)
+                return
+        self._spec_mixed_step(g)
+
+    def _spec_run(self, g: int, B: int) -> None:
+        """A run of decode-only steps up to the next event, as vector operations on the per-step sums."""
+        t0 = self.now
+        k_step = self.k_agg
+        k_new = self._k_new(B)
+        n = self._next_finish() - g + 1
+        if self.stale or k_new != k_step:
+            n = 1
+        if n > 4096:
+            n = 4096
+        end = g + n
+        st, dr = self.st, self.spec.drafter
+        kd = dr.kv_ps_per_draft_token * k_new
+        ncb = self.NCB[g:end]
+        if self.var_q:
+            tok = self.TOK[g:end]
+            over = tok > self.M
+            if over.any():
+                n = int(np.argmax(over))
+                if n == 0:
+                    self._fallback()
+                    return
+                end = g + n
+                ncb, tok = ncb[:n], tok[:n]
+            ctx = ncb + tok
+            d = self._base_vec(tok) + (st.kv_ps_per_token + kd) * ctx + st.attn_ps_per_pair * (self.QNCB[g:end] + self.QQ[g:end])
+            if k_new > 0:
+                d += np.array([dr.const_ps(t, B, k_new) for t in tok.tolist()], dtype=np.int64)
+            tok0 = int(tok[0])
+        else:
+            q = k_step + 1
+            tok0 = B * q
+            const = (st.base_ps(tok0, tok0) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
+                     + dr.const_ps(tok0, B, k_new))
+            d = (st.kv_ps_per_token + kd + st.attn_ps_per_pair * q) * ncb + const
+        ends = np.cumsum(d)
+        ends += t0
+        t_lim = None
+        if not self.waiting:
+            t_lim = self.arrivals.next_time()
+        if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
+            t_lim = self.max_time_ps
+        if t_lim is not None and ends[n - 1] >= t_lim:
+            n = int(np.searchsorted(ends, t_lim, side="left")) + 1
+        cnb = np.cumsum(self.NB[g:g + n])
+        if cnb[n - 1] > self.free:
+            n = int(np.searchsorted(cnb, self.free, side="right"))
+        t1 = int(ends[n - 1])
+        dur = t1 - t0
+        self.free -= int(cnb[n - 1])
+        used = self.total_blocks - self.free
+        itl = B
+        d0 = int(d[0])
+        if self.stale:
+            for last in self.stale.values():
+                self.extra_itl.append(t0 + d0 - last)
+            itl -= len(self.stale)
+            self.stale = {}
+        inc = (int(d[n - 1]) - d0) // (n - 1) if n > 1 else 0
+        self.rows.append((t0, n, d0, inc, dur, B, tok0, 0, itl, used, len(self.waiting), 0, k_step))
+        self.dur_chunks.append(d[:n])
+        self.now = t1
+        self.G = g + n
+        self.k_next = k_new
+        self._finish_decoders(g + n - 1, t1)
+
+    def _spec_preempt(self, g: int, need_p: int, p_scheduled: bool) -> tuple[int, bool]:
+        """Aggregated preemption (see Engine._preempt_aggregated), with per-decoder block needs."""
+        now = self.now
+        free = self.free
+        nb = int(self.NB[g]) if self.B else 0
+        victims = []
+        p = self.partial
+        if p is not None and (nb > free or (p_scheduled and nb + need_p > free)):
+            victims.append(p)
+            free += self.blk[p]
+            self.partial = None
+            p_scheduled = False
+        if nb > free:
+            for v in reversed(self.running):
+                if v == p:
+                    continue
+                nb -= self._need_at(v, g)
+                last = self.stale.pop(v, now)
+                free += self._leave(v, g)
+                self.last_emit[v] = last
+                victims.append(v)
+                if nb <= free:
+                    break
+        for v in victims:
+            del self.running[v]
+            self.blk[v] = 0
+            self.nc[v] = 0
+            self.npre[v] += 1
+            self.waiting.appendleft(v)
+        self.free = free
+        return len(victims), p_scheduled
+
+    def _spec_mixed_step(self, g: int) -> None:
+        P, gen, nc, blk, bs, L = self.P, self.gen, self.nc, self.blk, self.bs, self.L
+        t0 = self.now
+        nwait = len(self.waiting)
+        k_step = self.k_agg
+        p = self.partial
+        budget = self.M - self._dec_sums(g)[0]
+        n_p = need_p = 0
+        p_scheduled = p is not None and budget > 0
+        if p_scheduled:
+            n_p = min(P[p] + gen[p] - nc[p], budget)
+            need_p = max(-(-(nc[p] + n_p + L) // bs) - blk[p], 0)
+        nb = int(self.NB[g]) if self.B else 0
+        preempted = 0
+        if nb + (need_p if p_scheduled else 0) > self.free:
+            preempted, p_scheduled = self._spec_preempt(g, need_p, p_scheduled)
+        B = self.B
+        t_dec, ctx, pairs = self._dec_sums(g)
+        nb = int(self.NB[g]) if B else 0
+        free = self.free - nb
+        sched: list[tuple[int, int]] = []
+        if p_scheduled:
+            free -= need_p
+            blk[p] += need_p
+            sched.append((p, n_p))
+        budget = self.M - t_dec - (n_p if p_scheduled else 0)
+        if not preempted:
+            budget, free = self._admit(t0, budget, free, len(self.running), sched, L)
+        self.free = free
+        if not sched and not B:
+            self._stalled()
+        tokens, logits, kv, prefill, nsamp = t_dec, t_dec, ctx, 0, B
+        for r, n in sched:
+            c = nc[r]
+            tokens += n
+            kv += c + n
+            pairs += n * c + n * (n + 1) // 2
+            prefill += n
+            if c + n == P[r] + gen[r]:
+                logits += 1
+                nsamp += 1
+        k_new = self._k_new(B + len(sched))
+        d = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
+        t1 = t0 + d
+        used = self.total_blocks - free
+        itl = B
+        if self.stale:
+            for last in self.stale.values():
+                self.extra_itl.append(t1 - last)
+            itl -= len(self.stale)
+            self.stale = {}
+        self.now = t1
+        self.G = g + 1
+        self._finish_decoders(g, t1)
+        if k_new != self.k_agg and self.tl:
+            self._retime(g + 1, k_new)
+        self.k_agg = self.k_next = k_new
+        self.partial = None
+        for r, n in sched:
+            nc[r] += n
+            if nc[r] == P[r] + gen[r]:
+                if not self._emit(r, t0, t1):
+                    self._start_decode(r)
+                    self._join(r, g + 1)
+            else:
+                self.partial = r
+        self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, k_step))
+        self.dur_chunks.append(d)
 
     def output(self):
+        if self.mode == "run" and (self.tl or self.partial is not None):
+            self._materialize()
         out = super().output()
         out.spec_counters = {
             "num_drafts": self.num_drafts,

@@ -89,7 +89,18 @@ class ClosedLoopWorkloadConfig(_SyntheticBase):
     type: Literal["closed_loop"]
     concurrency: int = Field(ge=1, description="number of clients (requests in flight)")
     think_time_s: float = Field(0.0, ge=0, description="delay between a finish and the client's next request (s)")
-    num_requests: int = Field(ge=1, description="total requests issued")
+    num_requests: int | None = Field(None, ge=1, description="total requests issued")
+    requests_per_client: int | None = Field(
+        None, ge=1, description="alternative to num_requests: num_requests = concurrency x requests_per_client"
+    )
+
+    @model_validator(mode="after")
+    def _one_count(self) -> "ClosedLoopWorkloadConfig":
+        if (self.num_requests is None) == (self.requests_per_client is None):
+            raise ValueError("give exactly one of num_requests and requests_per_client")
+        if self.num_requests is None:
+            self.num_requests = self.concurrency * self.requests_per_client
+        return self
 
 
 WorkloadConfig = Annotated[

@@ -1,0 +1,364 @@
+"""Capacity search: the highest request rate (or the fewest replicas) whose latency SLOs are met.
+
+SLOs are written ``METRIC_STAT=SECONDS``: METRIC one of ``ttft``, ``tpot``, ``itl``, ``e2e``, ``queue``;
+STAT one of ``mean``, ``p50``, ``p90``, ``p95``, ``p99`` (``ttft_p99=0.5``: p99 TTFT <= 0.5 s).
+
+A point (a rate, or a replica count at a fixed rate) is run ``replications`` times, replication ``i``
+with the seed ``SeedSequence(entropy=seed, spawn_key=(i,))``, the same at every point (common random
+numbers: the bisection compares rates, not seeds). It PASSES when
+
+1. every request completed in every replication, and
+2. for each SLO, the mean over replications of the named statistic is ``<=`` its target, and
+3. with ``goodput_share`` S: the mean over replications of the SLO attainment (share of requests that
+   meet every per-request objective among ``ttft``, ``tpot``, ``e2e``, as
+   :func:`servesim.metrics.summarize` defines it) is ``>= S``.
+
+The rate is varied through the workload: Poisson/Gamma ``rate`` (requests/s), or for a trace
+``rate_scale`` with ``rate = trace mean rate x rate_scale``, the trace mean rate being (requests - 1) /
+(last - first arrival) of the replayed window at ``rate_scale = 1`` (requests/s). Closed-loop workloads
+have no rate and are refused.
+
+Search (the pass/fail outcome is assumed monotone in the rate and in the replica count):
+
+* rate: start at the config's own rate r0; double while passing (up to ``max_rate``), halve while
+  failing (at most 20 times), then bisect between the highest passing rate ``lo`` and the lowest failing
+  rate ``hi`` until ``hi - lo <= tolerance x lo``. The capacity is ``lo``: it meets the SLOs, and a rate
+  more than ``tolerance`` above it does not. If even ``max_rate`` passes, the capacity is ``max_rate``
+  (reported as capped).
+* replicas (target rate given): R = 1, 2, 4, ... (up to ``max_replicas``) until one passes, then integer
+  bisection between the last failing and the first passing count: the fewest replicas that pass.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from servesim.config.models import SimConfig
+from servesim.errors import ConfigError
+
+METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
+STATS = ("mean", "p50", "p90", "p95", "p99")
+#: Metrics that also have a per-request objective (used for the SLO attainment / goodput).
+PER_REQUEST = ("ttft", "tpot", "e2e")
+
+
+@dataclass(frozen=True)
+class Slo:
+    """One latency objective: ``stat`` of ``metric`` (s) must be ``<= target_s``."""
+
+    metric: str
+    stat: str
+    target_s: float
+
+    @property
+    def name(self) -> str:
+        """``ttft_p99`` etc."""
+        return f"{self.metric}_{self.stat}"
+
+    def value(self, summary: dict) -> float:
+        """The statistic in a :func:`servesim.metrics.summarize` dict (s); NaN when undefined."""
+        v = (summary.get(f"{self.metric}_s") or {}).get(self.stat)
+        return float("nan") if v is None else float(v)
+
+
+def parse_slo(text: str, source: str = "--slo") -> Slo:
+    """Parse ``METRIC_STAT=SECONDS`` (e.g. ``ttft_p99=0.5``).
+
+    Raises:
+        ConfigError: unknown metric or statistic, or a target that is not a positive number (one line).
+    """
+    m = re.fullmatch(r"\s*([a-z0-9]+)_([a-z0-9]+)\s*=\s*(\S+)\s*", text)
+    if not m:
+        raise ConfigError(f"{source}: expected METRIC_STAT=SECONDS such as ttft_p99=0.5 (got {text!r})")
+    metric, stat, raw = m.groups()
+    if metric not in METRICS:
+        raise ConfigError(f"{source}: unknown metric {metric!r} in {text!r}; expected one of {', '.join(METRICS)}")
+    if stat not in STATS:
+        raise ConfigError(f"{source}: unknown statistic {stat!r} in {text!r}; expected one of {', '.join(STATS)}")
+    try:
+        target = float(raw)
+    except ValueError:
+        target = float("nan")
+    if not (target > 0 and math.isfinite(target)):
+        raise ConfigError(f"{source}: {text!r}: expected a positive number of seconds after '='")
+    return Slo(metric, stat, target)
+
+
+@dataclass
+class Evaluation:
+    """One evaluated point.
+
+    Attributes:
+        rate: arrival rate (requests/s) of the whole deployment.
+        replicas: deployment replicas.
+        rate_scale: the trace's ``rate_scale`` (None for synthetic workloads).
+        values: SLO name -> mean over replications of its statistic (s).
+        slo_attainment: mean SLO attainment (share of requests meeting every per-request objective).
+        goodput: mean goodput (good requests/s).
+        request_throughput, output_throughput: means (requests/s, output tokens/s).
+        completed_share: smallest completed / requests over the replications.
+        passed: the pass rule of the module docstring.
+        per_replication: each replication's SLO statistics (for the CSV).
+    """
+
+    rate: float
+    replicas: int
+    rate_scale: float | None
+    values: dict[str, float]
+    slo_attainment: float
+    goodput: float
+    request_throughput: float
+    output_throughput: float
+    completed_share: float
+    passed: bool
+    per_replication: list[dict[str, float]] = field(default_factory=list)
+
+    def row(self) -> dict[str, Any]:
+        """A flat dict for ``capacity.csv``."""
+        row: dict[str, Any] = {"rate": self.rate, "replicas": self.replicas, "rate_scale": self.rate_scale}
+        for name, v in self.values.items():
+            row[f"{name}_s"] = v
+        row.update(slo_attainment=self.slo_attainment, goodput=self.goodput,
+                   request_throughput=self.request_throughput, output_throughput=self.output_throughput,
+                   completed_share=self.completed_share, passed=self.passed)
+        for i, rep in enumerate(self.per_replication):
+            for name, v in rep.items():
+                row[f"{name}_s_r{i}"] = v
+        return row
+
+
+@dataclass
+class CapacityResult:
+    """Outcome of a search.
+
+    Attributes:
+        mode: ``"rate"`` or ``"replicas"``.
+        capacity: highest passing rate (requests/s; mode rate) or fewest passing replicas (mode replicas);
+            None when no point passed.
+        capped: mode rate: even ``max_rate`` passed; mode replicas: ``max_replicas`` failed.
+        evaluations: every evaluated point, in evaluation order.
+        slos, goodput_share, tolerance, replications: the search's settings.
+    """
+
+    mode: str
+    capacity: float | int | None
+    capped: bool
+    evaluations: list[Evaluation]
+    slos: list[Slo]
+    goodput_share: float | None
+    tolerance: float
+    replications: int
+
+
+def trace_mean_rate(cfg: SimConfig, folder: Path) -> float:
+    """Mean arrival rate (requests/s) of a trace workload's window at ``rate_scale = 1``.
+
+    Raises:
+        ConfigError: the window holds fewer than two requests or no time span.
+    """
+    from servesim.workload import build_workload
+
+    wl_cfg = cfg.workload.model_copy(update={"rate_scale": 1.0})
+    wl = build_workload(wl_cfg, np.random.default_rng(0), folder)
+    t = np.asarray(wl.arrival_s, dtype=np.float64)
+    if t.size < 2 or not t[-1] > t[0]:
+        raise ConfigError(f"workload.path: the trace window has no arrival span to define a rate ({t.size} requests)")
+    return float((t.size - 1) / (t[-1] - t[0]))
+
+
+class RateAxis:
+    """How to set a config's arrival rate (requests/s).
+
+    Raises:
+        ConfigError: a closed-loop workload (it has no arrival rate).
+    """
+
+    def __init__(self, cfg: SimConfig, folder: Path) -> None:
+        kind = cfg.workload.type
+        if kind == "closed_loop":
+            raise ConfigError("workload.type: capacity search needs an open-loop workload (trace, poisson or gamma), "
+                              "not closed_loop")
+        self.kind = kind
+        self.trace_rate = trace_mean_rate(cfg, folder) if kind == "trace" else None
+        self.start_rate = (self.trace_rate * cfg.workload.rate_scale) if kind == "trace" else float(cfg.workload.rate)
+
+    def apply(self, data: dict, rate: float) -> tuple[dict, float | None]:
+        """Set ``rate`` (requests/s) in a config mapping; returns (mapping, rate_scale or None)."""
+        wl = dict(data["workload"])
+        scale = None
+        if self.kind == "trace":
+            scale = rate / self.trace_rate
+            wl["rate_scale"] = scale
+        else:
+            wl["rate"] = rate
+        out = dict(data)
+        out["workload"] = wl
+        return out, scale
+
+
+Simulate = Callable[..., Any]
+
+
+class CapacitySearch:
+    """Evaluate points of one config and search its capacity (see the module docstring).
+
+    Args:
+        cfg, folder: the validated config and the folder its relative paths resolve against.
+        slos: the objectives (at least one).
+        replications: runs per point (>= 1).
+        goodput_share: optional minimum mean SLO attainment in (0, 1].
+        simulate: ``servesim.api.simulate`` (replaceable in tests).
+        progress: optional callable receiving each :class:`Evaluation` as it is made.
+
+    Raises:
+        ConfigError: no SLO, bad replications or share, or a closed-loop workload.
+    """
+
+    def __init__(self, cfg: SimConfig, folder: Path, slos: list[Slo], *, replications: int = 3,
+                 goodput_share: float | None = None, simulate: Simulate | None = None,
+                 progress: Callable[[Evaluation], None] | None = None) -> None:
+        if not slos:
+            raise ConfigError("--slo: give at least one objective, e.g. --slo ttft_p99=0.5")
+        if replications < 1:
+            raise ConfigError(f"--replications: expected >= 1 (got {replications})")
+        if goodput_share is not None and not 0 < goodput_share <= 1:
+            raise ConfigError(f"--goodput-share: expected a share in (0, 1] (got {goodput_share})")
+        if simulate is None:
+            from servesim.api import simulate
+        self.cfg, self.folder, self.slos = cfg, folder, list(slos)
+        self.replications, self.goodput_share = replications, goodput_share
+        self.simulate, self.progress = simulate, progress
+        self.axis = RateAxis(cfg, folder)
+        self.data = cfg.model_dump(mode="python")
+        self.data["slo"] = None
+        self.evaluations: list[Evaluation] = []
+        self._per_request = {f"{s.metric}_s": None for s in self.slos if s.metric in PER_REQUEST}
+        for s in self.slos:
+            key = f"{s.metric}_s"
+            if key in self._per_request:
+                current = self._per_request[key]
+                self._per_request[key] = s.target_s if current is None else min(current, s.target_s)
+
+    def evaluate(self, rate: float, replicas: int | None = None) -> Evaluation:
+        """Run one point ``replications`` times at ``rate`` (requests/s) with ``replicas`` replicas."""
+        from servesim.metrics import summarize
+
+        data, scale = self.axis.apply(self.data, rate)
+        replicas = replicas or self.cfg.deployment.replicas
+        data["deployment"] = dict(data["deployment"], replicas=replicas)
+        reps, attain, good, rthr, othr, done = [], [], [], [], [], []
+        for i in range(self.replications):
+            seed = np.random.SeedSequence(entropy=self.cfg.seed, spawn_key=(i,))
+            result = self.simulate(data, seed=seed, base_dir=self.folder)
+            summary = result.summary
+            reps.append({s.name: s.value(summary) for s in self.slos})
+            slo_dict = {k: v for k, v in self._per_request.items()}
+            if slo_dict:
+                extra = summarize(result.output, slo=slo_dict)
+                attain.append(extra["slo_attainment"])
+                good.append(extra["goodput"])
+            else:
+                attain.append(summary["completed"] / max(summary["num_requests"], 1))
+                good.append(summary["request_throughput"])
+            rthr.append(summary["request_throughput"])
+            othr.append(summary["output_throughput"])
+            done.append(summary["completed"] / max(summary["num_requests"], 1))
+        values = {s.name: float(np.mean([r[s.name] for r in reps])) for s in self.slos}
+        passed = min(done) >= 1.0 and all(values[s.name] <= s.target_s for s in self.slos)
+        if self.goodput_share is not None:
+            passed = passed and float(np.mean(attain)) >= self.goodput_share
+        ev = Evaluation(rate, replicas, scale, values, float(np.mean(attain)), float(np.mean(good)),
+                        float(np.mean(rthr)), float(np.mean(othr)), float(min(done)), bool(passed), reps)
+        self.evaluations.append(ev)
+        if self.progress is not None:
+            self.progress(ev)
+        return ev
+
+    def max_rate(self, *, tolerance: float = 0.05, max_rate: float | None = None,
+                 start_rate: float | None = None) -> CapacityResult:
+        """Highest passing rate (requests/s), to a relative ``tolerance`` (see the module docstring).
+
+        Raises:
+            ConfigError: ``tolerance`` not in (0, 1) or a non-positive ``max_rate``/``start_rate``.
+        """
+        if not 0 < tolerance < 1:
+            raise ConfigError(f"--tolerance: expected a relative tolerance in (0, 1) (got {tolerance})")
+        if max_rate is not None and not max_rate > 0:
+            raise ConfigError(f"--max-rate: expected a positive rate in requests/s (got {max_rate})")
+        r = float(start_rate or self.axis.start_rate)
+        if max_rate is not None:
+            r = min(r, max_rate)
+        lo = hi = None
+        capped = False
+        if self.evaluate(r).passed:
+            lo = r
+            while True:
+                nxt = 2 * lo if max_rate is None else min(2 * lo, max_rate)
+                if nxt == lo:
+                    capped = True
+                    break
+                if self.evaluate(nxt).passed:
+                    lo = nxt
+                else:
+                    hi = nxt
+                    break
+        else:
+            hi = r
+            for _ in range(20):
+                nxt = hi / 2
+                if self.evaluate(nxt).passed:
+                    lo = nxt
+                    break
+                hi = nxt
+        if lo is not None and hi is not None:
+            while hi - lo > tolerance * lo:
+                mid = (lo + hi) / 2
+                if self.evaluate(mid).passed:
+                    lo = mid
+                else:
+                    hi = mid
+        return CapacityResult("rate", lo, capped, list(self.evaluations), self.slos, self.goodput_share, tolerance,
+                              self.replications)
+
+    def min_replicas(self, target_rate: float, *, max_replicas: int = 64) -> CapacityResult:
+        """Fewest replicas that pass at ``target_rate`` (requests/s); see the module docstring.
+
+        Raises:
+            ConfigError: a non-positive target rate or ``max_replicas < 1``.
+        """
+        if not target_rate > 0:
+            raise ConfigError(f"--replicas: expected a positive target rate in requests/s (got {target_rate})")
+        if max_replicas < 1:
+            raise ConfigError(f"--max-replicas: expected >= 1 (got {max_replicas})")
+        fail, ok = 0, None
+        r = 1
+        while True:
+            if self.evaluate(target_rate, r).passed:
+                ok = r
+                break
+            fail = r
+            if r >= max_replicas:
+                break
+            r = min(2 * r, max_replicas)
+        if ok is not None:
+            while ok - fail > 1:
+                mid = (ok + fail) // 2
+                if self.evaluate(target_rate, mid).passed:
+                    ok = mid
+                else:
+                    fail = mid
+        return CapacityResult("replicas", ok, ok is None, list(self.evaluations), self.slos, self.goodput_share, 0.0,
+                              self.replications)
+
+
+def capacity_frame(result: CapacityResult):
+    """``capacity.csv`` as a pandas DataFrame: one row per evaluated point, in evaluation order."""
+    import pandas as pd
+
+    return pd.DataFrame([ev.row() for ev in result.evaluations])

@@ -1,0 +1,170 @@
+"""``servesim capacity CONFIG.yaml --slo ttft_p99=0.5 [--slo ...] --out DIR``: highest rate meeting the SLOs.
+
+Options: ``--goodput-share S`` (also require mean SLO attainment >= S), ``--replicas TARGET_RATE`` (instead:
+the fewest replicas serving TARGET_RATE requests/s), ``--replications N`` (default 3; trace replays
+without speculation are deterministic, so 1 suffices for them), ``--tolerance T`` (relative, default
+0.05), ``--max-rate R`` (requests/s), ``--max-replicas N``, ``--max-requests N`` (cap a trace replay, or a
+synthetic workload's ``num_requests``), ``--set KEY=VALUE``. The rule and the search are those of
+:mod:`servesim.analysis.capacity`.
+
+Writes ``DIR/capacity.csv`` (every evaluated point: rate, replicas, rate_scale, the replication means
+of each SLO statistic in s, SLO attainment, goodput, throughputs, pass/fail, and each replication's
+statistics), ``DIR/slo_attainment.csv`` and ``DIR/slo_attainment.png`` (the SLO statistics and the SLO
+attainment against the rate, or the replica count, with the targets dashed and the capacity marked), and
+prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``capacity`` options to ``parser``."""
+    parser.add_argument("config", help="run config (YAML) with an open-loop workload (trace, poisson, gamma)")
+    parser.add_argument("--slo", action="append", default=[], required=True, metavar="METRIC_STAT=SECONDS",
+                        help="objective, e.g. ttft_p99=0.5 or tpot_p99=0.05 (repeatable; metrics ttft, tpot, itl, "
+                             "e2e, queue; stats mean, p50, p90, p95, p99)")
+    parser.add_argument("--goodput-share", type=float, default=None, metavar="S",
+                        help="also require the mean SLO attainment (share of good requests) >= S")
+    parser.add_argument("--replicas", type=float, default=None, metavar="TARGET_RATE",
+                        help="find the fewest replicas that serve TARGET_RATE requests/s within the SLOs")
+    parser.add_argument("--replications", type=int, default=3, metavar="N", help="runs per point (default 3)")
+    parser.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance of the rate (default 0.05)")
+    parser.add_argument("--max-rate", type=float, default=None, metavar="R", help="highest rate tried (requests/s)")
+    parser.add_argument("--max-replicas", type=int, default=64, metavar="N", help="most replicas tried (default 64)")
+    parser.add_argument("--max-requests", type=int, default=None, metavar="N",
+                        help="cap the requests of each run (trace max_requests, or num_requests)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value by dotted key (repeatable)")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder (created)")
+    parser.add_argument("--quiet", action="store_true", help="no per-point progress lines")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the search; returns 0 (also when no point passes: that is an answer, printed as such).
+
+    Raises:
+        ConfigError: invalid config, SLO or option (one line).
+    """
+    from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slo
+    from servesim.commands.run import parse_overrides
+    from servesim.config.models import load_config
+    from servesim.errors import ConfigError
+    from servesim.sweep.tables import write_csv
+
+    slos = [parse_slo(s) for s in args.slo]
+    overrides = parse_overrides(args.overrides, None)
+    if args.max_requests is not None:
+        if args.max_requests < 1:
+            raise ConfigError(f"--max-requests: expected >= 1 (got {args.max_requests})")
+        cfg0, _ = load_config(args.config, overrides)
+        key = "workload.max_requests" if cfg0.workload.type == "trace" else "workload.num_requests"
+        overrides[key] = args.max_requests
+        if cfg0.workload.type in ("poisson", "gamma"):
+            overrides["workload.duration_s"] = None
+    cfg, folder = load_config(args.config, overrides)
+
+    def progress(ev) -> None:
+        if not args.quiet:
+            vals = ", ".join(f"{k} {v:.4g} s" for k, v in ev.values.items())
+            print(f"  rate {ev.rate:8.3f} req/s  replicas {ev.replicas:3d}  {vals}  attainment "
+                  f"{ev.slo_attainment:.3f}  {'pass' if ev.passed else 'FAIL'}", flush=True)
+
+    search = CapacitySearch(cfg, folder, slos, replications=args.replications, goodput_share=args.goodput_share,
+                            progress=progress)
+    if args.replicas is not None:
+        result = search.min_replicas(args.replicas, max_replicas=args.max_replicas)
+    else:
+        result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
+    out = args.out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot create {out} ({exc.strerror})") from None
+    frame = capacity_frame(result)
+    write_csv(frame, out / "capacity.csv")
+    table = plot_slo_attainment(frame, result, out / "slo_attainment.png")
+    write_csv(table, out / "slo_attainment.csv")
+    print(format_result(result, search))
+    print(f"wrote {out / 'capacity.csv'}, {out / 'slo_attainment.csv'}, {out / 'slo_attainment.png'}")
+    return 0
+
+
+def format_result(result, search) -> str:
+    """A short text table of the evaluated points and the answer."""
+    names = [s.name for s in result.slos]
+    head = f"{'rate req/s':>11} {'replicas':>8} " + " ".join(f"{n + ' s':>12}" for n in names) + f" {'attain':>7} pass"
+    lines = [head]
+    for ev in sorted(result.evaluations, key=lambda e: (e.replicas, e.rate)):
+        vals = " ".join(f"{ev.values[n]:12.4g}" for n in names)
+        lines.append(f"{ev.rate:11.3f} {ev.replicas:8d} {vals} {ev.slo_attainment:7.3f} {'yes' if ev.passed else 'no'}")
+    targets = ", ".join(f"{s.name} <= {s.target_s:g} s" for s in result.slos)
+    share = f", attainment >= {result.goodput_share:g}" if result.goodput_share is not None else ""
+    if result.mode == "rate":
+        if result.capacity is None:
+            answer = "no rate tried meets the SLOs"
+        else:
+            answer = f"capacity: {result.capacity:.3f} requests/s"
+            if search.axis.kind == "trace":
+                answer += f" (rate_scale {result.capacity / search.axis.trace_rate:.3f} x trace mean " \
+                          f"{search.axis.trace_rate:.3f} req/s)"
+            answer += " (the highest rate tried; raise --max-rate)" if result.capped else \
+                f" (within {100 * result.tolerance:g}%)"
+    else:
+        rate = result.evaluations[0].rate if result.evaluations else float("nan")
+        answer = (f"no replica count up to the limit serves {rate:g} requests/s" if result.capacity is None
+                  else f"fewest replicas for {rate:g} requests/s: {result.capacity}")
+    lines.append(f"SLOs: {targets}{share}; {result.replications} replication(s) per point")
+    lines.append(answer)
+    return "\n".join(lines)
+
+
+def plot_slo_attainment(frame, result, path: Path):
+    """Draw ``slo_attainment.png`` (and return its data table, sorted by the x axis).
+
+    Left: each SLO statistic (mean over replications, ms) against the rate (requests/s) or the replica
+    count, its target dashed; right: mean SLO attainment (share of requests). The capacity is a vertical
+    line; failing points are hollow markers.
+    """
+    from servesim.plots.curves import save_png_svg
+    from servesim.plots.style import pyplot
+
+    x = "rate" if result.mode == "rate" else "replicas"
+    cols = ["rate", "replicas", "rate_scale"] + [f"{s.name}_s" for s in result.slos] + ["slo_attainment", "passed"]
+    table = frame[cols].sort_values([x, "rate"], kind="stable").drop_duplicates([x]).reset_index(drop=True)
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    xlabel = "arrival rate (requests/s)" if x == "rate" else "replicas"
+    xs = table[x].to_numpy(dtype=float)
+    passed = table["passed"].to_numpy(dtype=bool)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, s in enumerate(result.slos):
+        c = colors[i % len(colors)]
+        ys = table[f"{s.name}_s"].to_numpy(dtype=float) * 1e3
+        ax1.plot(xs, ys, "-", color=c, label=f"{s.name} (mean of replications)")
+        ax1.plot(xs[passed], ys[passed], "o", color=c)
+        ax1.plot(xs[~passed], ys[~passed], "o", mfc="none", color=c)
+        ax1.axhline(s.target_s * 1e3, color=c, linestyle="--", linewidth=1, label=f"{s.name} target {s.target_s:g} s")
+    ax1.set_xlabel(xlabel)
+    ax1.set_ylabel("latency (ms)")
+    ax1.set_yscale("log")
+    ax1.set_title("SLO statistics (filled: point passes)")
+    ax2.plot(xs, table["slo_attainment"].to_numpy(dtype=float), "o-", color="tab:blue")
+    if result.goodput_share is not None:
+        ax2.axhline(result.goodput_share, color="tab:red", linestyle="--", linewidth=1,
+                    label=f"required share {result.goodput_share:g}")
+    ax2.set_xlabel(xlabel)
+    ax2.set_ylabel("SLO attainment (share of requests)")
+    ax2.set_ylim(-0.02, 1.02)
+    ax2.set_title("SLO attainment")
+    if result.capacity is not None:
+        label = (f"capacity {result.capacity:.3g} req/s" if x == "rate" else f"fewest replicas: {result.capacity}")
+        for ax in (ax1, ax2):
+            ax.axvline(float(result.capacity), color="black", linestyle=":", linewidth=1.2, label=label)
+    ax1.legend(fontsize=7, loc="upper left")
+    ax2.legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    save_png_svg(fig, path, svg=False)
+    return table

@@ -1,0 +1,115 @@
+"""``servesim plot DIR``: figures of a sweep directory (``summary.csv``, ``sweep.json``, ``speedup.csv``).
+
+Writes into DIR (or ``--out``), each figure as PNG and SVG with its data as CSV:
+
+* ``latency_vs_throughput``: p50/p99 TTFT and TPOT against ``--x`` (``output_throughput`` by default,
+  or ``request_throughput``, ``total_token_throughput``, or a swept column), one curve per combination of
+  the other swept columns and variant, the points of a curve taken along ``--along`` (default: the first
+  swept column), 95% bands over replications; ``--slo ttft_p99=0.5`` draws dashed targets.
+* ``speedup`` (only with ``speedup.csv``): speedup against ``--along``, crossover marked.
+* ``heatmap_<metric>`` for each ``--heatmap x=KEY,y=KEY,metric=COL``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``plot`` options to ``parser``."""
+    parser.add_argument("dir", type=Path, metavar="DIR", help="sweep output folder (summary.csv, sweep.json)")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the figures (default: DIR)")
+    parser.add_argument("--x", default="output_throughput",
+                        help="x axis: output_throughput (default), request_throughput, total_token_throughput, "
+                             "or a swept column")
+    parser.add_argument("--along", default=None, help="swept column along each curve (default: the first one)")
+    parser.add_argument("--slo", action="append", default=[], metavar="METRIC_STAT=SECONDS",
+                        help="dashed SLO line, e.g. ttft_p99=0.5 (repeatable)")
+    parser.add_argument("--heatmap", action="append", default=[], metavar="x=KEY,y=KEY,metric=COL",
+                        help="heatmap of a metric over two swept columns (repeatable)")
+
+
+def read_sweep_dir(folder: Path):
+    """(summary DataFrame, swept key -> column name, speedup DataFrame or None) of a sweep folder.
+
+    Raises:
+        ConfigError: ``summary.csv`` or ``sweep.json`` missing or unreadable (one line naming the file).
+    """
+    import pandas as pd
+
+    from servesim.errors import ConfigError
+
+    summary_path, meta_path = folder / "summary.csv", folder / "sweep.json"
+    try:
+        summary = pd.read_csv(summary_path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"{summary_path}: cannot read the sweep summary ({exc.__class__.__name__}); "
+                          "run `servesim sweep` first") from None
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        columns = dict(meta["columns"])
+    except (OSError, ValueError, KeyError, AttributeError):
+        raise ConfigError(f"{meta_path}: cannot read the sweep manifest (expected JSON with 'columns')") from None
+    speedup = None
+    if (folder / "speedup.csv").exists():
+        try:
+            speedup = pd.read_csv(folder / "speedup.csv")
+        except (OSError, ValueError):
+            raise ConfigError(f"{folder / 'speedup.csv'}: cannot read the speedup table") from None
+    return summary, columns, speedup
+
+
+def run(args: argparse.Namespace) -> int:
+    """Draw the figures; returns 0.
+
+    Raises:
+        ConfigError: unreadable sweep folder, a bad ``--x``/``--along``/``--slo``/``--heatmap``.
+    """
+    from servesim.analysis.capacity import parse_slo
+    from servesim.errors import ConfigError
+    from servesim.plots.curves import THROUGHPUT_AXES, axis_labels, plot_latency_curves, plot_speedup
+    from servesim.plots.heatmap import parse_heatmap, plot_heatmap
+
+    summary, keys, speedup = read_sweep_dir(args.dir)
+    columns = list(keys.values())
+    labels = axis_labels(keys)
+    out = args.out or args.dir
+    slos = {s.name: s.target_s for s in (parse_slo(t) for t in args.slo)}
+    heatmaps = [parse_heatmap(h) for h in args.heatmap]
+    if not columns:
+        raise ConfigError(f"{args.dir / 'sweep.json'}: the sweep has no swept columns to plot against")
+    along = args.along or (args.x if args.x in columns else columns[0])
+    if along not in columns:
+        raise ConfigError(f"--along: {along!r} is not a swept column (swept: {', '.join(columns)})")
+    if args.x not in THROUGHPUT_AXES and args.x not in columns:
+        raise ConfigError(f"--x: expected one of {', '.join(THROUGHPUT_AXES)} or a swept column (got {args.x!r})")
+    if summary.empty:
+        raise ConfigError(f"{args.dir / 'summary.csv'}: no finished runs to plot")
+    group_cols = [c for c in columns if c != along]
+    if summary["variant"].nunique() > 1:
+        group_cols.append("variant")
+    written = []
+    path = Path(out) / "latency_vs_throughput.png"
+    plot_latency_curves(summary, along, args.x, group_cols, path, slos, labels)
+    written.append(path)
+    if speedup is not None and not speedup.empty:
+        sp_along = along if along in speedup.columns else next((c for c in columns if c in speedup.columns), None)
+        if sp_along is not None:
+            path = Path(out) / "speedup.png"
+            table = plot_speedup(speedup, sp_along, path, labels.get(sp_along))
+            written.append(path)
+            for group, g in table.groupby("group", sort=False):
+                value = float(g["crossover"].iloc[0])
+                print(f"{group}: " + (f"speculation hurts above {sp_along} = {value:.4g}" if value == value
+                                      else "speculation never hurts in the range"))
+    for h in heatmaps:
+        panel_cols = [c for c in columns if c not in (h["x"], h["y"])]
+        if summary["variant"].nunique() > 1:
+            panel_cols.append("variant")
+        path, _ = plot_heatmap(summary, h["x"], h["y"], h["metric"], panel_cols, Path(out), labels)
+        written.append(path)
+    for p in written:
+        print(f"wrote {p} (+ .svg, .csv)")
+    return 0

@@ -1,0 +1,276 @@
+"""Curves from a sweep's tables: latency vs throughput (with confidence bands) and speculative speedup.
+
+Every figure is written as PNG and SVG with its data as CSV beside it. matplotlib is imported lazily
+(:func:`servesim.plots.style.pyplot`, Agg backend).
+
+Confidence band of a mean over n replications: ``mean +- t(0.975, n-1) * sd / sqrt(n)`` (sd with
+``ddof = 1``; Student's t two-sided 95% quantiles from the standard table; no band for n = 1).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+#: Student's t 0.975 quantiles for 1..30 degrees of freedom (standard table, e.g. NIST/SEMATECH 1.3.6.7.2).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)
+
+#: x-axis choices that are summary columns (throughputs achieved), with their axis labels.
+THROUGHPUT_AXES = {
+    "output_throughput": "achieved output throughput (tokens/s)",
+    "request_throughput": "achieved request throughput (requests/s)",
+    "total_token_throughput": "achieved total token throughput (tokens/s)",
+}
+#: Units of common swept keys, for axis labels.
+KEY_UNITS = {
+    "workload.rate": "requests/s",
+    "workload.rate_scale": "x the trace's rate",
+    "workload.concurrency": "clients",
+    "engine.max_num_seqs": "requests",
+    "engine.max_num_batched_tokens": "tokens",
+    "deployment.replicas": "replicas",
+    "tensor_parallel_size": "GPUs",
+    "speculative_config.num_speculative_tokens": "tokens",
+}
+
+
+def axis_labels(columns: dict[str, str]) -> dict[str, str]:
+    """Swept key -> column map of sweep.json turned into column -> axis label with its unit if known."""
+    return {col: f"{col} ({KEY_UNITS[key]})" if key in KEY_UNITS else col for key, col in columns.items()}
+
+
+#: Latency panels: (summary column prefix, title).
+PANELS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
+
+
+def t975(df: int) -> float:
+    """Two-sided 95% Student-t quantile for ``df`` >= 1 degrees of freedom (normal 1.96 beyond 120).
+
+    Raises:
+        ValueError: ``df < 1``.
+    """
+    if df < 1:
+        raise ValueError("degrees of freedom must be >= 1")
+    if df <= 30:
+        return _T975[df - 1]
+    # beyond the table: t ~ z + (z^3 + z) / (4 df) (Cornish-Fisher), z = 1.959964; exact to 1e-3 at df = 31
+    z = 1.959964
+    return z + (z**3 + z) / (4 * df)
+
+
+def mean_ci(values) -> tuple[float, float, int]:
+    """(mean, half-width of the 95% band, n) of the finite values; half-width NaN when n < 2."""
+    v = np.asarray(values, dtype=np.float64)
+    v = v[np.isfinite(v)]
+    n = int(v.size)
+    if n == 0:
+        return float("nan"), float("nan"), 0
+    if n == 1:
+        return float(v[0]), float("nan"), 1
+    return float(v.mean()), t975(n - 1) * float(v.std(ddof=1)) / math.sqrt(n), n
+
+
+def save_png_svg(fig, path: Path, svg: bool = True) -> list[Path]:
+    """Save ``fig`` as ``path`` (PNG) and, with ``svg``, as the same name with ``.svg``; close it.
+
+    Both files are written atomically (temporary file + rename). Returns the paths written.
+    """
+    from servesim.plots.style import save_figure
+
+    path = Path(path)
+    written = []
+    if svg:
+        target = path.with_suffix(".svg")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                fig.savefig(handle, format="svg", bbox_inches="tight")
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        written.append(target)
+    written.insert(0, save_figure(fig, path))
+    return written
+
+
+def group_label(row: dict) -> str:
+    """Legend text of a group: ``key=value`` pairs, or ``all`` when nothing distinguishes groups."""
+    return ", ".join(f"{k}={v}" for k, v in row.items()) or "all"
+
+
+def curve_table(summary: pd.DataFrame, along: str, x: str, group_cols: list[str],
+                metrics: list[str]) -> pd.DataFrame:
+    """Means and 95% bands over replications of ``x`` and each metric, per (group, value of ``along``).
+
+    Args:
+        summary: ``summary.csv`` (one row per run).
+        along: the swept column that varies along a curve.
+        x: the x column (``along`` itself or a throughput column).
+        group_cols: columns whose values distinguish curves (other swept columns, ``variant``).
+        metrics: metric columns (e.g. ``ttft_s.p99``).
+
+    Returns:
+        Tidy rows: ``group``, the group columns, ``along`` value, ``x``, ``x_ci``, ``metric``, ``mean``,
+        ``ci_low``, ``ci_high``, ``n``; ordered by group (first seen) then ``along``.
+    """
+    rows = []
+    keys = group_cols + [along]
+    for key, g in summary.groupby(keys, sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        groups = dict(zip(group_cols, key[:-1]))
+        xm, xci, _ = mean_ci(g[x])
+        for metric in metrics:
+            if metric not in g.columns:
+                continue
+            m, ci, n = mean_ci(g[metric])
+            half = 0.0 if math.isnan(ci) else ci
+            rows.append({"group": group_label(groups), **groups, along: key[-1], "x": xm, "x_ci": xci,
+                         "metric": metric, "mean": m, "ci_low": m - half, "ci_high": m + half, "n": n})
+    table = pd.DataFrame(rows)
+    if table.empty:
+        return table
+    order = {g: i for i, g in enumerate(dict.fromkeys(table["group"]))}
+    table["_g"] = table["group"].map(order)
+    table = table.sort_values(["_g", "metric", along], kind="stable").drop(columns="_g").reset_index(drop=True)
+    return table
+
+
+def plot_latency_curves(summary: pd.DataFrame, along: str, x: str, group_cols: list[str], out_png: Path,
+                        slos: dict[str, float] | None = None, labels: dict[str, str] | None = None) -> pd.DataFrame:
+    """``latency_vs_throughput.png/.svg/.csv``: p50 (solid) and p99 (dashed) TTFT and TPOT (ms) against ``x``.
+
+    Args:
+        summary, along, x, group_cols: see :func:`curve_table`.
+        out_png: the PNG path (the SVG and CSV take the same stem).
+        slos: SLO name (``ttft_p99``...) -> target (s), drawn as dashed horizontal lines on the panel of
+            its metric.
+        labels: column -> axis label (with unit) for swept columns (see :func:`axis_labels`).
+
+    Returns:
+        The data table written as CSV.
+
+    Raises:
+        ValueError: ``x`` or ``along`` is not a column of ``summary``.
+    """
+    from servesim.plots.style import pyplot
+
+    for col in (x, along):
+        if col not in summary.columns:
+            raise ValueError(f"no column {col!r} in summary.csv")
+    metrics = [f"{p}.{s}" for p, _ in PANELS for s in ("p50", "p99")]
+    table = curve_table(summary, along, x, group_cols, metrics)
+    plt = pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    groups = list(dict.fromkeys(table["group"])) if not table.empty else []
+    for ax, (prefix, title) in zip(axes, PANELS):
+        for gi, group in enumerate(groups):
+            c = colors[gi % len(colors)]
+            for stat, style in (("p50", "-"), ("p99", "--")):
+                d = table[(table["group"] == group) & (table["metric"] == f"{prefix}.{stat}")]
+                if d.empty:
+                    continue
+                d = d.sort_values(along, key=lambda v: pd.to_numeric(v, errors="coerce"), kind="stable")
+                xs = d["x"].to_numpy(dtype=float)
+                ax.plot(xs, d["mean"] * 1e3, style, marker="o", ms=3, color=c, label=f"{group} {stat}")
+                if d["n"].max() > 1:
+                    ax.fill_between(xs, d["ci_low"] * 1e3, d["ci_high"] * 1e3, color=c, alpha=0.15, linewidth=0)
+        for name, target in (slos or {}).items():
+            if name.startswith(prefix.split("_")[0] + "_"):
+                ax.axhline(target * 1e3, color="black", linestyle=":", linewidth=1.2, label=f"SLO {name} {target:g} s")
+        ax.set_title(f"{title} p50 (solid) and p99 (dashed); bands: 95% CI over replications")
+        ax.set_xlabel(THROUGHPUT_AXES.get(x) or (labels or {}).get(x, x))
+        ax.set_ylabel(f"{title} (ms)")
+        ax.set_yscale("log")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    save_png_svg(fig, out_png)
+    _write_csv(table, out_png.with_suffix(".csv"))
+    return table
+
+
+def crossover(xs, speedup) -> float | None:
+    """Smallest x where the speedup falls from >= 1 to < 1, by linear interpolation; None if it never does.
+
+    Args:
+        xs: increasing x values (shape (m,)); speedup: the speedup at each (shape (m,), NaN skipped).
+    """
+    xs = np.asarray(xs, dtype=np.float64)
+    sp = np.asarray(speedup, dtype=np.float64)
+    ok = np.isfinite(xs) & np.isfinite(sp)
+    xs, sp = xs[ok], sp[ok]
+    for i in range(len(xs) - 1):
+        a, b = sp[i], sp[i + 1]
+        if a >= 1 > b:
+            return float(xs[i] + (a - 1) * (xs[i + 1] - xs[i]) / (a - b))
+    return None
+
+
+def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | None = None) -> pd.DataFrame:
+    """``speedup.png/.svg`` and ``speedup_curve.csv``: speculative speedup against ``along``.
+
+    One line per group (the other swept columns and ``variant`` if present), y = 1 dashed, the crossover
+    ("speculation hurts above X", :func:`crossover`) marked, or "never in the range" in the legend.
+
+    Returns:
+        The table written: ``group``, group columns, ``along``, ``speedup``, ``crossover`` (per group, NaN
+        if the speedup never falls below 1 in the range).
+
+    Raises:
+        ValueError: ``along`` is not a numeric column of ``speedup``.
+    """
+    from servesim.plots.style import pyplot
+
+    if along not in speedup.columns:
+        raise ValueError(f"no column {along!r} in speedup.csv")
+    data = speedup.copy()
+    data[along] = pd.to_numeric(data[along], errors="coerce")
+    if data[along].isna().all():
+        raise ValueError(f"column {along!r} of speedup.csv is not numeric")
+    skip = {along, "speedup"} | {c for c in data.columns if c.endswith("_output_throughput")}
+    group_cols = [c for c in data.columns if c not in skip]
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4.3))
+    rows = []
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    grouped = data.groupby(group_cols, sort=False, dropna=False) if group_cols else [((), data)]
+    for gi, (key, g) in enumerate(grouped):
+        key = key if isinstance(key, tuple) else (key,)
+        label = group_label(dict(zip(group_cols, key)))
+        g = g.sort_values(along)
+        x_cross = crossover(g[along], g["speedup"])
+        c = colors[gi % len(colors)]
+        text = f"speculation hurts above {x_cross:.3g}" if x_cross is not None else "never hurts in the range"
+        ax.plot(g[along], g["speedup"], "o-", color=c, label=f"{label}: {text}")
+        if x_cross is not None:
+            ax.axvline(x_cross, color=c, linestyle=":", linewidth=1)
+        for _, r in g.iterrows():
+            rows.append({"group": label, **dict(zip(group_cols, key)), along: r[along], "speedup": r["speedup"],
+                         "crossover": np.nan if x_cross is None else x_cross})
+    ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.set_xlabel(label or along)
+    ax.set_ylabel("speedup (output tokens/s, spec / plain)")
+    ax.set_title("Speculative decoding speedup")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    out_png = Path(out_png)
+    save_png_svg(fig, out_png)
+    table = pd.DataFrame(rows)
+    _write_csv(table, out_png.with_name(out_png.stem + "_curve.csv"))
+    return table
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> None:
+    from servesim.sweep.tables import write_csv
+
+    write_csv(frame, Path(path))

@@ -1,0 +1,114 @@
+"""Heatmaps of one summary metric over two swept axes (mean over replications).
+
+``--heatmap x=KEY,y=KEY,metric=COL``: KEY are swept columns of ``summary.csv``, COL a metric column
+(``ttft_s.p99``, ``output_throughput``...). When other swept columns or variants vary too, one panel is
+drawn per combination of them. Written as ``heatmap_<metric>.png/.svg`` with the table as CSV.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from servesim.errors import ConfigError
+
+
+def parse_heatmap(text: str) -> dict[str, str]:
+    """Parse ``x=KEY,y=KEY,metric=COL`` into ``{"x", "y", "metric"}``.
+
+    Raises:
+        ConfigError: a missing or unknown part (one line).
+    """
+    parts = {}
+    for item in text.split(","):
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip():
+            raise ConfigError(f"--heatmap: expected x=KEY,y=KEY,metric=COL (got {text!r})")
+        parts[key.strip()] = value.strip()
+    if set(parts) != {"x", "y", "metric"}:
+        raise ConfigError(f"--heatmap: expected exactly x=, y= and metric= (got {text!r})")
+    return parts
+
+
+def heatmap_table(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols: list[str]) -> pd.DataFrame:
+    """Mean of ``metric`` over replications per (panel, x, y): columns ``panel``, panel columns, x, y,
+    ``mean``, ``n``.
+
+    Raises:
+        ConfigError: a column is missing from ``summary.csv``.
+    """
+    for col in (x, y, metric):
+        if col not in summary.columns:
+            raise ConfigError(f"--heatmap: no column {col!r} in summary.csv")
+    rows = []
+    for key, g in summary.groupby(panel_cols + [x, y], sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        vals = pd.to_numeric(g[metric], errors="coerce").to_numpy(dtype=float)
+        vals = vals[np.isfinite(vals)]
+        panel = dict(zip(panel_cols, key[:-2]))
+        rows.append({"panel": ", ".join(f"{k}={v}" for k, v in panel.items()) or "all", **panel,
+                     x: key[-2], y: key[-1], "mean": float(vals.mean()) if vals.size else np.nan,
+                     "n": int(vals.size)})
+    return pd.DataFrame(rows)
+
+
+def _sorted_levels(values) -> list:
+    levels = list(dict.fromkeys(values))
+    try:
+        return sorted(levels, key=float)
+    except (TypeError, ValueError):
+        return levels
+
+
+def plot_heatmap(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols: list[str],
+                 out_dir: Path, labels: dict[str, str] | None = None) -> tuple[Path, pd.DataFrame]:
+    """Draw the heatmap(s) of ``metric`` over ``x`` and ``y``; cells annotated with their value.
+
+    Returns:
+        (PNG path, table written as CSV beside it).
+    """
+    from servesim.plots.curves import _write_csv, save_png_svg
+    from servesim.plots.style import pyplot
+
+    table = heatmap_table(summary, x, y, metric, panel_cols)
+    panels = list(dict.fromkeys(table["panel"]))
+    plt = pyplot()
+    ncols = min(3, len(panels))
+    nrows = -(-len(panels) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows), squeeze=False)
+    xs, ys = _sorted_levels(table[x]), _sorted_levels(table[y])
+    finite = table["mean"].to_numpy(dtype=float)
+    finite = finite[np.isfinite(finite)]
+    vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    image = None
+    for ax, panel in zip(axes.ravel(), panels):
+        d = table[table["panel"] == panel]
+        grid = np.full((len(ys), len(xs)), np.nan)
+        for _, r in d.iterrows():
+            grid[ys.index(r[y]), xs.index(r[x])] = r["mean"]
+        image = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis", vmin=vmin, vmax=vmax)
+        for i in range(len(ys)):
+            for j in range(len(xs)):
+                if np.isfinite(grid[i, j]):
+                    light = grid[i, j] > vmin + 0.6 * (vmax - vmin)  # viridis is light at the top
+                    ax.text(j, i, f"{grid[i, j]:.3g}", ha="center", va="center", fontsize=7,
+                            color="black" if light else "white")
+        ax.set_xticks(range(len(xs)), [str(v) for v in xs])
+        ax.set_yticks(range(len(ys)), [str(v) for v in ys])
+        ax.set_xlabel((labels or {}).get(x, x))
+        ax.set_ylabel((labels or {}).get(y, y))
+        ax.set_title(panel if len(panels) > 1 else f"{metric} (mean over replications)")
+        ax.grid(False)
+    for ax in axes.ravel()[len(panels):]:
+        ax.set_visible(False)
+    if image is not None:
+        unit = " (s)" if metric.split(".")[0].endswith("_s") else ""
+        fig.colorbar(image, ax=axes.ravel().tolist(), label=f"{metric}{unit}")
+    safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", metric)
+    path = Path(out_dir) / f"heatmap_{safe}.png"
+    save_png_svg(fig, path)
+    _write_csv(table, path.with_suffix(".csv"))
+    return path, table

@@ -1,0 +1,169 @@
+"""Capacity search: SLO parsing, the pass rule, bisection and replica search (fake and real simulators)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servesim.analysis.capacity import CapacitySearch, RateAxis, parse_slo, trace_mean_rate
+from servesim.config.loading import validate
+from servesim.config.models import SimConfig, load_config
+from servesim.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACE = ROOT / "workloads" / "traces" / "AzureLLMInferenceTrace_conv.csv"
+
+
+def poisson_cfg(rate=4.0, n=200, **extra):
+    data = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+            "workload": {"type": "poisson", "rate": rate, "num_requests": n,
+                         "prompt_tokens": {"type": "fixed", "value": 500},
+                         "output_tokens": {"type": "fixed", "value": 100}}}
+    data.update(extra)
+    return validate(SimConfig, data, "test")
+
+
+class FakeSimulate:
+    """itl p99 = 0.01 s x rate / replicas (plus 0.001 s x replication index); every request completes."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, config, *, seed=None, base_dir=None):
+        rate, replicas = config["workload"]["rate"], config["deployment"]["replicas"]
+        self.calls.append((rate, replicas, tuple(seed.spawn_key)))
+        value = 0.01 * rate / replicas + 0.001 * seed.spawn_key[0]
+        summary = {"num_requests": 10, "completed": 10, "request_throughput": rate, "output_throughput": 100 * rate,
+                   "itl_s": {"p99": value, "mean": value / 2}}
+        return SimpleNamespace(summary=summary)
+
+
+@pytest.mark.parametrize("text,expected", [("ttft_p99=0.5", ("ttft", "p99", 0.5)),
+                                           ("tpot_mean = 0.05", ("tpot", "mean", 0.05)),
+                                           ("e2e_p50=12", ("e2e", "p50", 12.0))])
+def test_parse_slo(text, expected):
+    s = parse_slo(text)
+    assert (s.metric, s.stat, s.target_s) == expected and s.name == f"{expected[0]}_{expected[1]}"
+
+
+@pytest.mark.parametrize("text,needle", [("ttft=0.5", "METRIC_STAT"), ("foo_p99=1", "unknown metric"),
+                                         ("ttft_p42=1", "unknown statistic"), ("ttft_p99=-1", "positive"),
+                                         ("ttft_p99=abc", "positive")])
+def test_parse_slo_errors_are_one_line(text, needle):
+    with pytest.raises(ConfigError) as info:
+        parse_slo(text)
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_bisection_finds_the_threshold_within_tolerance():
+    # replication means: itl_p99 = 0.01 rate + 0.001 (mean of 0 and 0.002) <= 0.201  <=>  rate <= 20.0
+    fake = FakeSimulate()
+    search = CapacitySearch(poisson_cfg(3.0), Path("."), [parse_slo("itl_p99=0.201")], replications=3,
+                            simulate=fake)
+    result = search.max_rate(tolerance=0.02)
+    passed = [e.rate for e in result.evaluations if e.passed]
+    failed = [e.rate for e in result.evaluations if not e.passed]
+    assert result.capacity == max(passed) and result.capacity <= 20.0 + 1e-9
+    hi = min(r for r in failed if r > result.capacity)
+    assert hi - result.capacity <= 0.02 * result.capacity and hi > 20.0 - 1e-9
+    # doubling from 3: 3, 6, 12, 24 (fails), then bisection
+    assert [e.rate for e in result.evaluations[:4]] == [3.0, 6.0, 12.0, 24.0]
+    # replications: the same three independent seeds at every rate
+    assert {c[2] for c in fake.calls} == {(0,), (1,), (2,)}
+    assert all(e.values["itl_p99"] == pytest.approx(0.01 * e.rate + 0.001) for e in result.evaluations)
+
+
+def test_search_downward_and_max_rate_cap():
+    fake = FakeSimulate()
+    down = CapacitySearch(poisson_cfg(100.0), Path("."), [parse_slo("itl_p99=0.05")], replications=1,
+                          simulate=fake).max_rate(tolerance=0.05)
+    assert down.capacity <= 5.0 and 5.0 - down.capacity <= 0.05 * down.capacity + 1e-12
+    assert [e.rate for e in down.evaluations[:5]] == [100.0, 50.0, 25.0, 12.5, 6.25]
+    capped = CapacitySearch(poisson_cfg(1.0), Path("."), [parse_slo("itl_p99=10")], replications=1,
+                            simulate=FakeSimulate()).max_rate(max_rate=3.0)
+    assert capped.capacity == 3.0 and capped.capped
+
+
+def test_min_replicas_search():
+    # itl_p99 = 0.01 x 37 / R <= 0.1  <=>  R >= 3.7: fewest replicas 4
+    fake = FakeSimulate()
+    result = CapacitySearch(poisson_cfg(), Path("."), [parse_slo("itl_p99=0.1")], replications=1,
+                            simulate=fake).min_replicas(37.0)
+    assert result.capacity == 4
+    assert [e.replicas for e in result.evaluations] == [1, 2, 4, 3]
+    assert all(e.rate == 37.0 for e in result.evaluations)
+
+
+def test_goodput_share_rule_and_incomplete_runs_fail():
+    class Partial(FakeSimulate):
+        def __call__(self, config, *, seed=None, base_dir=None):
+            res = super().__call__(config, seed=seed, base_dir=base_dir)
+            res.summary["completed"] = 9
+            return res
+
+    ev = CapacitySearch(poisson_cfg(), Path("."), [parse_slo("itl_p99=10")], replications=1,
+                        simulate=Partial()).evaluate(1.0)
+    assert not ev.passed and ev.completed_share == 0.9
+    ev = CapacitySearch(poisson_cfg(), Path("."), [parse_slo("itl_p99=10")], replications=1, goodput_share=0.95,
+                        simulate=FakeSimulate()).evaluate(1.0)
+    assert ev.passed and ev.slo_attainment == 1.0
+
+
+def test_trace_rate_axis_uses_the_mean_rate_of_the_window():
+    cfg = validate(SimConfig, {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                               "workload": {"type": "trace", "path": str(TRACE), "max_requests": 500,
+                                            "rate_scale": 2.0}}, "test")
+    times = pd.to_datetime(pd.read_csv(TRACE, nrows=500)["TIMESTAMP"])
+    span = (times.iloc[-1] - times.iloc[0]).total_seconds()
+    assert trace_mean_rate(cfg, Path(".")) == pytest.approx(499 / span, rel=1e-9)
+    axis = RateAxis(cfg, Path("."))
+    assert axis.start_rate == pytest.approx(2 * 499 / span, rel=1e-9)
+    data, scale = axis.apply(cfg.model_dump(), 3 * 499 / span)
+    assert scale == pytest.approx(3.0) and data["workload"]["rate_scale"] == pytest.approx(3.0)
+
+
+def test_closed_loop_is_refused():
+    cfg = validate(SimConfig, {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+                               "workload": {"type": "closed_loop", "concurrency": 4, "num_requests": 10,
+                                            "prompt_tokens": {"type": "fixed", "value": 10},
+                                            "output_tokens": {"type": "fixed", "value": 10}}}, "test")
+    with pytest.raises(ConfigError, match="open-loop"):
+        CapacitySearch(cfg, Path("."), [parse_slo("ttft_p99=1")])
+
+
+def test_real_search_brackets_the_capacity(tmp_path):
+    """A real (small) search: the capacity passes and a rate tolerance above it fails, per the rule."""
+    from servesim.cli import main
+
+    config = tmp_path / "c.yaml"
+    config.write_text("hardware: h100-sxm\nmodel: llama-3.1-8b\nengine: {max_num_seqs: 16}\n"
+                      "workload: {type: poisson, rate: 8, num_requests: 150, prompt_tokens: {type: fixed, value: 1000},"
+                      " output_tokens: {type: fixed, value: 100}}\n")
+    out = tmp_path / "out"
+    status = main(["capacity", str(config), "--slo", "ttft_p90=0.3", "--replications", "2", "--tolerance", "0.1",
+                   "--out", str(out), "--quiet"])
+    assert status == 0
+    frame = pd.read_csv(out / "capacity.csv")
+    good = frame[frame["passed"]]
+    bad = frame[~frame["passed"]]
+    assert len(good) and len(bad)
+    cap = good["rate"].max()
+    assert (good["ttft_p90_s"] <= 0.3).all() and (bad["ttft_p90_s"] > 0.3).all()
+    above = bad[bad["rate"] > cap]["rate"].min()
+    assert above - cap <= 0.1 * cap + 1e-9
+    # replication columns average to the mean column
+    np.testing.assert_allclose(frame[["ttft_p90_s_r0", "ttft_p90_s_r1"]].mean(axis=1), frame["ttft_p90_s"])
+    assert (out / "slo_attainment.png").stat().st_size > 0 and (out / "slo_attainment.csv").exists()
+
+
+def test_cli_bad_slo_is_one_line_error(tmp_path, capsys):
+    from servesim.cli import main
+
+    status = main(["capacity", str(ROOT / "experiments" / "azure-conv-llama8b-h100.yaml"), "--slo", "ttft=1",
+                   "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert status == 2 and err.count("\n") == 1 and "--slo" in err

@@ -1,0 +1,111 @@
+"""``servesim plot``: bands, crossover, heatmap tables, and the files written for a sweep directory."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from servesim.errors import ConfigError
+from servesim.plots.curves import crossover, curve_table, mean_ci, t975
+from servesim.plots.heatmap import heatmap_table, parse_heatmap
+
+
+def test_t_quantiles_and_band():
+    assert t975(1) == 12.706 and t975(2) == 4.303 and t975(30) == 2.042
+    assert abs(t975(40) - 2.021) < 2e-3 and abs(t975(120) - 1.980) < 1e-3
+    m, half, n = mean_ci([1.0, 2.0, 3.0])
+    assert (m, n) == (2.0, 3) and half == pytest.approx(4.303 * 1.0 / math.sqrt(3))
+    assert mean_ci([5.0, np.nan]) == (5.0, pytest.approx(float("nan"), nan_ok=True), 1)
+    with pytest.raises(ValueError):
+        t975(0)
+
+
+def test_crossover_by_linear_interpolation():
+    assert crossover([5, 10, 20, 40], [1.5, 1.2, 0.9, 0.8]) == pytest.approx(10 + 0.2 / 0.3 * 10)
+    assert crossover([1, 2, 3], [1.3, 1.0, 0.5]) == pytest.approx(2.0)  # exactly 1 at x = 2, then below
+    assert crossover([1, 2, 3], [1.5, 1.2, 1.01]) is None
+    assert crossover([1, 2, 3], [0.9, 0.8, 0.7]) is None  # never >= 1: it does not "fall below" in the range
+
+
+def summary_frame():
+    rows = []
+    for seqs in (32, 256):
+        for rate in (5, 10, 20):
+            for rep in range(3):
+                base = rate * (1 if seqs == 32 else 2)
+                rows.append({"rate": rate, "max_num_seqs": seqs, "variant": "default", "replication": rep,
+                             "seed": rep, "point_id": f"{seqs}-{rate}", "output_throughput": 100.0 * rate + rep,
+                             "request_throughput": rate * 0.9,
+                             "ttft_s.p50": 0.01 * base + 0.001 * rep, "ttft_s.p99": 0.05 * base + 0.001 * rep,
+                             "tpot_s.p50": 0.001 * base, "tpot_s.p99": 0.002 * base})
+    return pd.DataFrame(rows)
+
+
+def test_curve_table_means_and_bands():
+    table = curve_table(summary_frame(), "rate", "output_throughput", ["max_num_seqs"], ["ttft_s.p99", "tpot_s.p50"])
+    row = table[(table["max_num_seqs"] == 256) & (table["rate"] == 10) & (table["metric"] == "ttft_s.p99")].iloc[0]
+    assert row["mean"] == pytest.approx(0.05 * 20 + 0.001) and row["n"] == 3
+    assert row["ci_high"] - row["mean"] == pytest.approx(4.303 * 0.001 / math.sqrt(3))
+    assert row["x"] == pytest.approx(1001.0) and row["group"] == "max_num_seqs=256"
+    flat = table[table["metric"] == "tpot_s.p50"]
+    assert (flat["ci_low"] == flat["mean"]).all()  # identical replications: zero-width band
+    assert len(table) == 2 * 3 * 2
+
+
+def test_heatmap_table_and_parse():
+    assert parse_heatmap("x=rate,y=max_num_seqs,metric=ttft_s.p99") == {"x": "rate", "y": "max_num_seqs",
+                                                                        "metric": "ttft_s.p99"}
+    for bad in ("x=rate,y=seqs", "x=rate,y=a,metric=", "rate,seqs"):
+        with pytest.raises(ConfigError):
+            parse_heatmap(bad)
+    table = heatmap_table(summary_frame(), "rate", "max_num_seqs", "ttft_s.p50", [])
+    cell = table[(table["rate"] == 20) & (table["max_num_seqs"] == 32)].iloc[0]
+    assert cell["mean"] == pytest.approx(0.01 * 20 + 0.001) and cell["n"] == 3
+    with pytest.raises(ConfigError, match="nope"):
+        heatmap_table(summary_frame(), "rate", "nope", "ttft_s.p50", [])
+
+
+def write_sweep_dir(folder, speedup=True):
+    folder.mkdir()
+    summary_frame().to_csv(folder / "summary.csv", index=False)
+    (folder / "sweep.json").write_text(json.dumps(
+        {"columns": {"workload.rate": "rate", "engine.max_num_seqs": "max_num_seqs"}}))
+    if speedup:
+        pd.DataFrame({"rate": [5, 10, 20, 5, 10, 20], "max_num_seqs": [32, 32, 32, 256, 256, 256],
+                      "plain_output_throughput": [1.0] * 6, "spec_output_throughput": [1.4, 1.1, 0.7, 1.5, 1.3, 1.2],
+                      "speedup": [1.4, 1.1, 0.7, 1.5, 1.3, 1.2]}).to_csv(folder / "speedup.csv", index=False)
+
+
+def test_plot_command_writes_figures_with_their_data(tmp_path, capsys):
+    from servesim.cli import main
+
+    sweep = tmp_path / "sweep"
+    write_sweep_dir(sweep)
+    status = main(["plot", str(sweep), "--slo", "ttft_p99=0.5",
+                   "--heatmap", "x=rate,y=max_num_seqs,metric=ttft_s.p99"])
+    assert status == 0
+    for stem in ("latency_vs_throughput", "speedup", "heatmap_ttft_s.p99"):
+        png = sweep / f"{stem}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (sweep / f"{stem}.svg").read_text().lstrip().startswith("<?xml")
+    assert (sweep / "latency_vs_throughput.csv").exists() and (sweep / "heatmap_ttft_s.p99.csv").exists()
+    curve = pd.read_csv(sweep / "speedup_curve.csv")
+    cross = curve.groupby("max_num_seqs")["crossover"].first()
+    assert cross[32] == pytest.approx(10 + 0.1 / 0.4 * 10) and np.isnan(cross[256])
+    out = capsys.readouterr().out
+    assert "speculation hurts above rate = 12.5" in out and "never hurts" in out
+
+
+def test_plot_command_errors_are_one_line(tmp_path, capsys):
+    from servesim.cli import main
+
+    assert main(["plot", str(tmp_path / "missing")]) == 2
+    sweep = tmp_path / "sweep"
+    write_sweep_dir(sweep, speedup=False)
+    assert main(["plot", str(sweep), "--along", "nope"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and "summary.csv" in err[0] and "--along" in err[1]
