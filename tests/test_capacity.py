@@ -11,7 +11,7 @@ import pytest
 
 from servesim.analysis.capacity import CapacitySearch, RateAxis, parse_slo, trace_mean_rate
 from servesim.config.loading import validate
-from servesim.config.models import SimConfig, load_config
+from servesim.config.models import SimConfig
 from servesim.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

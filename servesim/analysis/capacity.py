@@ -258,7 +258,7 @@ class CapacitySearch:
             result = self.simulate(data, seed=seed, base_dir=self.folder)
             summary = result.summary
             reps.append({s.name: s.value(summary) for s in self.slos})
-            slo_dict = {k: v for k, v in self._per_request.items()}
+            slo_dict = dict(self._per_request)
             if slo_dict:
                 extra = summarize(result.output, slo=slo_dict)
                 attain.append(extra["slo_attainment"])

@@ -129,6 +129,7 @@ class Engine:
         self.B = 0  # number of aggregated decoders
         self.A = 0  # sum of a_r: decoder r needs a_r + g KV slots (its context) at step g
         self.cnt = [0] * bs  # decoders per residue a_r mod block_size
+        self.cnt2 = [0] * (2 * bs)  # cnt twice over, so that a cyclic window is one slice
         self.heap: list[tuple[int, int]] = []  # (step at which it emits its last token, request)
         self.a = [0] * n
         self.g0 = [0] * n
@@ -146,7 +147,9 @@ class Engine:
         """The replica's SimPy process: one timeout per engine step or run of identical steps."""
         arrivals = self.arrivals
         while True:
-            self._pull_arrivals()
+            t_next = arrivals.next_time()
+            if t_next is not None and t_next <= self.now:
+                self._pull_arrivals()
             if not self.running and not self.waiting:
                 t = arrivals.next_time()
                 if t is None:
@@ -310,7 +313,10 @@ class Engine:
         self.a[r] = a
         self.g0[r] = g_next
         self.e0[r] = self.gen[r]
-        self.cnt[a % self.bs] += 1
+        m = a % self.bs
+        self.cnt[m] += 1
+        self.cnt2[m] += 1
+        self.cnt2[m + self.bs] += 1
         self.A += a
         self.B += 1
         fin = g_next + self.O[r] - self.gen[r] - 1
@@ -320,7 +326,10 @@ class Engine:
     def _leave(self, r: int, g: int) -> int:
         """Remove decoder ``r`` from the aggregate at step ``g``; write back its state; return its blocks."""
         a = self.a[r]
-        self.cnt[a % self.bs] -= 1
+        m = a % self.bs
+        self.cnt[m] -= 1
+        self.cnt2[m] -= 1
+        self.cnt2[m + self.bs] -= 1
         self.A -= a
         self.B -= 1
         self.fing[r] = -1  # its heap entry is now stale and skipped
@@ -364,12 +373,13 @@ class Engine:
 
     def _decode_blocks(self, g: int, m: int) -> int:
         """New KV blocks the aggregated decoders need over steps g .. g+m-1."""
-        bs, cnt = self.bs, self.cnt
+        bs = self.bs
         full, rem = divmod(m, bs)
-        total = full * self.B
-        for j in range(rem):
-            total += cnt[(1 - g - j) % bs]
-        return total
+        if not rem:
+            return full * self.B
+        # steps g .. g+rem-1 need cnt[(1-g) % bs], cnt[(-g) % bs], ...: one backwards cyclic window
+        top = (1 - g) % bs + bs
+        return full * self.B + sum(self.cnt2[top - rem + 1: top + 1])
 
     def _max_decode_steps(self, g: int, free: int) -> int:
         """Most consecutive decode steps from step g whose block allocations all fit in ``free`` blocks."""
@@ -446,7 +456,8 @@ class Engine:
         self.now = t1
         self.G = g + n
         self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
-        self._finish_decoders(g + n - 1, t1)
+        if self.heap[0][0] == g + n - 1:
+            self._finish_decoders(g + n - 1, t1)
 
     @staticmethod
     def _steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
