@@ -109,5 +109,13 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
     slo = cfg.slo.model_dump(exclude_none=True) if cfg.slo is not None else None
     summary = summarize(out, slo=slo or None)
     if cfg.deployment.replicas > 1:
-        summary["replicas"] = [summarize(o, slo=slo or None) for o in runner.replica_outputs()]
+        per_replica = [summarize(o, slo=slo or None) for o in runner.replica_outputs()]
+        summary["replicas"] = per_replica
+        # the merged step log interleaves the replicas' rows: report KV-cache utilisation per replica
+        util = [r["kv_cache_utilization"] for r in per_replica if r.get("kv_cache_utilization")]
+        if util:
+            summary["kv_cache_utilization"] = {
+                "mean": float(np.mean([u["mean"] for u in util if u["mean"] is not None])),
+                "max": float(max(u["max"] for u in util if u["max"] is not None)),
+            }
     return Result(config=cfg, output=out, summary=summary, info=info)

@@ -246,18 +246,24 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
     grouped = data.groupby(group_cols, sort=False, dropna=False) if group_cols else [((), data)]
     for gi, (key, g) in enumerate(grouped):
         key = key if isinstance(key, tuple) else (key,)
-        label = group_label(dict(zip(group_cols, key)))
+        group = group_label(dict(zip(group_cols, key)))
         g = g.sort_values(along)
         x_cross = crossover(g[along], g["speedup"])
         c = colors[gi % len(colors)]
-        text = f"speculation hurts above {x_cross:.3g}" if x_cross is not None else "never hurts in the range"
-        ax.plot(g[along], g["speedup"], "o-", color=c, label=f"{label}: {text}")
+        text = f"speculation hurts above {along} = {x_cross:.3g}" if x_cross is not None else "never hurts in the range"
+        ax.plot(g[along], g["speedup"], "o-", color=c, label=text if group == "all" else f"{group}: {text}")
         if x_cross is not None:
             ax.axvline(x_cross, color=c, linestyle=":", linewidth=1)
         for _, r in g.iterrows():
-            rows.append({"group": label, **dict(zip(group_cols, key)), along: r[along], "speedup": r["speedup"],
+            rows.append({"group": group, **dict(zip(group_cols, key)), along: r[along], "speedup": r["speedup"],
                          "crossover": np.nan if x_cross is None else x_cross})
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    xs = data[along].dropna()
+    if len(xs) and xs.min() > 0 and xs.max() / xs.min() >= 16:
+        from matplotlib.ticker import ScalarFormatter
+
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
     ax.set_xlabel(label or along)
     ax.set_ylabel("speedup (output tokens/s, spec / plain)")
     ax.set_title("Speculative decoding speedup")
