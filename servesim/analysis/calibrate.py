@@ -67,6 +67,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from servesim.cards import HardwareCard, ModelCard
+from servesim.config.loading import read_text
 from servesim.errors import ConfigError
 from servesim.roofline import build_step_time_model, compute_dtype
 
@@ -146,12 +147,7 @@ def read_step_times_csv(path: str | Path) -> list[StepPoint]:
         line and the column), ``scheduled_tokens < batch_size``, or no data rows.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read file ({exc.strerror})") from None
+    text = read_text(p)
     numbered = [(n, line) for n, line in enumerate(text.splitlines(), start=1)
                 if line.strip() and not line.lstrip().startswith("#")]
     if not numbered:
@@ -221,12 +217,7 @@ def read_vllm_bench_json(path: str | Path) -> list[StepPoint]:
         know the concurrency.
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read file ({exc.strerror})") from None
+    text = read_text(p)
     try:
         data = json.loads(text)
         objects = data if isinstance(data, list) else [data]

@@ -31,16 +31,9 @@ def load_json(path: Path) -> Any:
     Raises:
         ConfigError: missing, unreadable or invalid JSON (one line with the line and column).
     """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read file ({exc.strerror})") from None
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
+    from servesim.config.loading import load_json
+
+    return load_json(path)
 
 
 def _first(cfg: dict[str, Any], *keys: str) -> Any:

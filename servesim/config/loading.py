@@ -25,12 +25,7 @@ def load_yaml(path: str | Path) -> Any:
         ConfigError: the file is missing, unreadable, or not valid YAML (the message gives the line).
     """
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{p}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{p}: cannot read file ({exc.strerror})") from None
+    text = read_text(p)
     try:
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
@@ -38,6 +33,36 @@ def load_yaml(path: str | Path) -> Any:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{p}:{where}: invalid YAML: {problem}") from None
+
+
+def read_text(path: str | Path) -> str:
+    """Read a UTF-8 text file.
+
+    Raises:
+        ConfigError: the file is missing or unreadable (one line naming it).
+    """
+    p = Path(path)
+    try:
+        return p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{p}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{p}: cannot read file ({exc.strerror})") from None
+
+
+def load_json(path: str | Path) -> Any:
+    """Read a JSON file.
+
+    Raises:
+        ConfigError: missing, unreadable or invalid JSON (one line with the line and column).
+    """
+    import json
+
+    text = read_text(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:

@@ -207,6 +207,28 @@ class Engine:
                 first_sched[r] = t0
         return budget, free
 
+    def _flush_stale(self, t_emit: int) -> int:
+        """Decoders whose last token came before the previous step's end (skipped by a short token budget)
+        emit at ``t_emit``: record those irregular ITL gaps; returns how many there were."""
+        if not self.stale:
+            return 0
+        for last in self.stale.values():
+            self.extra_itl.append(t_emit - last)
+        count = len(self.stale)
+        self.stale = {}
+        return count
+
+    def _preempt(self, victim: int) -> int:
+        """Preempt running request ``victim`` by recompute: free its blocks, reset its computed tokens, put
+        it at the FRONT of the waiting queue (vLLM V1). Returns the blocks it held."""
+        del self.running[victim]
+        freed = self.blk[victim]
+        self.blk[victim] = 0
+        self.nc[victim] = 0
+        self.npre[victim] += 1
+        self.waiting.appendleft(victim)
+        return freed
+
     def _stalled(self) -> None:
         # Nothing could be scheduled although requests wait: no later step could differ, so the run
         # would loop for ever. The constructor's checks make this unreachable for valid settings.
@@ -259,12 +281,7 @@ class Engine:
             stop = False
             while need - blk[r] > free:
                 victim = order.pop()
-                del running[victim]
-                free += blk[victim]
-                blk[victim] = 0
-                nc[victim] = 0
-                self.npre[victim] += 1
-                waiting.appendleft(victim)
+                free += self._preempt(victim)
                 preempted += 1
                 if victim == r:
                     stop = True
@@ -446,13 +463,7 @@ class Engine:
         t1 = t0 + dur
         self.free -= nb
         used = self.total_blocks - self.free
-        itl = B
-        if self.stale:
-            first_end = t0 + d0
-            for last in self.stale.values():
-                self.extra_itl.append(first_end - last)
-            itl -= len(self.stale)
-            self.stale = {}
+        itl = B - self._flush_stale(t0 + d0)
         self.now = t1
         self.G = g + n
         self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
@@ -519,12 +530,8 @@ class Engine:
                 victims.append(v)
                 if nb <= free:
                     break
-        for v in victims:
-            del self.running[v]
-            self.blk[v] = 0
-            self.nc[v] = 0
-            self.npre[v] += 1
-            self.waiting.appendleft(v)
+        for v in victims:  # their blocks are already counted in ``free``
+            self._preempt(v)
         self.free = free
         return len(victims), nb, p_scheduled
 
@@ -572,12 +579,7 @@ class Engine:
         d = self.st.step_ps(tokens, logits, kv, pairs)
         t1 = t0 + d
         used = self.total_blocks - free
-        itl = B
-        if self.stale:
-            for last in self.stale.values():
-                self.extra_itl.append(t1 - last)
-            itl -= len(self.stale)
-            self.stale = {}
+        itl = B - self._flush_stale(t1)
         self.now = t1
         self.G = g + 1
         self._finish_decoders(g, t1)

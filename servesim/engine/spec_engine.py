@@ -179,12 +179,7 @@ class SpecEngine(Engine):
             stop = False
             while need - blk[r] > free:
                 victim = order.pop()
-                del running[victim]
-                free += blk[victim]
-                blk[victim] = 0
-                nc[victim] = 0
-                self.npre[victim] += 1
-                waiting.appendleft(victim)
+                free += self._preempt(victim)
                 preempted += 1
                 if victim == r:
                     stop = True
@@ -534,13 +529,8 @@ class SpecEngine(Engine):
         dur = t1 - t0
         self.free -= int(cnb[n - 1])
         used = self.total_blocks - self.free
-        itl = B
         d0 = int(d[0])
-        if self.stale:
-            for last in self.stale.values():
-                self.extra_itl.append(t0 + d0 - last)
-            itl -= len(self.stale)
-            self.stale = {}
+        itl = B - self._flush_stale(t0 + d0)
         inc = (int(d[n - 1]) - d0) // (n - 1) if n > 1 else 0
         self.rows.append((t0, n, d0, inc, dur, B, tok0, 0, itl, used, len(self.waiting), 0, k_step))
         self.dur_chunks.append(d[:n])
@@ -572,12 +562,8 @@ class SpecEngine(Engine):
                 victims.append(v)
                 if nb <= free:
                     break
-        for v in victims:
-            del self.running[v]
-            self.blk[v] = 0
-            self.nc[v] = 0
-            self.npre[v] += 1
-            self.waiting.appendleft(v)
+        for v in victims:  # their blocks are already counted in ``free``
+            self._preempt(v)
         self.free = free
         return len(victims), p_scheduled
 
@@ -626,12 +612,7 @@ class SpecEngine(Engine):
         d = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
         t1 = t0 + d
         used = self.total_blocks - free
-        itl = B
-        if self.stale:
-            for last in self.stale.values():
-                self.extra_itl.append(t1 - last)
-            itl -= len(self.stale)
-            self.stale = {}
+        itl = B - self._flush_stale(t1)
         self.now = t1
         self.G = g + 1
         self._finish_decoders(g, t1)

@@ -1,0 +1,177 @@
+"""``servesim tune-k CONFIG.yaml --out DIR``: derive vLLM's ``num_speculative_tokens_per_batch_size``.
+
+Options: ``--k-max K`` (largest k tried, tokens; default the config's ``num_speculative_tokens``),
+``--batch-sizes 1,2,4,...`` (requests; default powers of two up to ``engine.max_num_seqs`` or 256),
+``--slo METRIC_STAT=SECONDS`` (repeatable; the best k then maximises goodput), ``--replications N``
+(default 1), ``--requests-per-client N`` (default 8), ``--boundary midpoint|next``, ``--jobs N`` (worker
+processes), ``--set KEY=VALUE``. The method is that of :mod:`servesim.analysis.tune_k`.
+
+Prints the best k per batch size and the ``--speculative-config`` JSON to paste into vLLM, and writes
+``DIR/tune_k.json`` (that JSON and the tuning's summary), ``DIR/tune_k_grid.csv`` (every batch size x k:
+replication means), ``DIR/tune_k_check.csv`` (tuned vs best fixed k vs no speculation per batch size) and
+``DIR/tune_k.png`` with its data ``DIR/tune_k.csv`` (output throughput against batch size, three lines, and
+the ratio to no speculation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``tune-k`` options to ``parser``."""
+    parser.add_argument("config", help="run config (YAML) with a speculative_config (method, acceptance)")
+    parser.add_argument("--k-max", type=int, default=None, metavar="K",
+                        help="largest k tried (default: the config's num_speculative_tokens)")
+    parser.add_argument("--batch-sizes", default=None, metavar="B1,B2,...",
+                        help="batch sizes (closed-loop clients) to tune at (default: powers of two up to "
+                             "engine.max_num_seqs, or 256)")
+    parser.add_argument("--slo", action="append", default=[], metavar="METRIC_STAT=SECONDS",
+                        help="objective, e.g. tpot_p99=0.05 (repeatable): the best k maximises goodput, the "
+                             "output throughput of points meeting every SLO")
+    parser.add_argument("--replications", type=int, default=1, metavar="N", help="runs per point (default 1)")
+    parser.add_argument("--requests-per-client", type=int, default=8, metavar="N",
+                        help="closed-loop requests per client (default 8)")
+    parser.add_argument("--boundary", choices=("midpoint", "next"), default="midpoint",
+                        help="where a grid point's range starts: midpoint to the previous point (default) or "
+                             "at the point itself")
+    parser.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config value by dotted key (repeatable)")
+    parser.add_argument("--out", required=True, type=Path, metavar="DIR", help="output folder (created)")
+    parser.add_argument("--quiet", action="store_true", help="no per-run progress lines")
+
+
+def parse_batch_sizes(text: str | None) -> list[int] | None:
+    """``"1,2,4"`` -> ``[1, 2, 4]`` (None stays None).
+
+    Raises:
+        ConfigError: an item that is not a positive integer.
+    """
+    from servesim.errors import ConfigError
+
+    if text is None:
+        return None
+    out = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item.isdigit() or int(item) < 1:
+            raise ConfigError(f"--batch-sizes: expected comma-separated positive integers (got {text!r})")
+        out.append(int(item))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Tune, print and write the outputs; returns 0.
+
+    Raises:
+        ConfigError: invalid config or option (one line).
+    """
+    from servesim.analysis.capacity import parse_slo
+    from servesim.analysis.tune_k import tune_k
+    from servesim.commands.run import parse_overrides
+    from servesim.config.models import load_config
+    from servesim.errors import ConfigError
+    from servesim.sweep.executors import open_executor
+    from servesim.sweep.store import atomic_write_text
+    from servesim.sweep.tables import write_csv
+
+    slos = [parse_slo(s) for s in args.slo]
+    sizes = parse_batch_sizes(args.batch_sizes)
+    cfg, folder = load_config(args.config, parse_overrides(args.overrides, None))
+
+    def progress(row: dict) -> None:
+        if not args.quiet:
+            print(f"  batch {row['batch_size']:5d}  {row['variant']:>6}  rep {row['replication']}  "
+                  f"{row['output_throughput']:10.1f} output tok/s", flush=True)
+
+    with open_executor(None, args.jobs) as executor:
+        result = tune_k(cfg, folder, k_max=args.k_max, batch_sizes=sizes, slos=slos,
+                        replications=args.replications, requests_per_client=args.requests_per_client,
+                        boundary=args.boundary, executor=executor, progress=progress)
+    out = args.out
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out: cannot create {out} ({exc.strerror})") from None
+    atomic_write_text(out / "tune_k.json", json.dumps(result.to_json(), indent=2) + "\n")
+    write_csv(result.grid, out / "tune_k_grid.csv")
+    write_csv(result.check, out / "tune_k_check.csv")
+    plot_check(result.check, out / "tune_k.png")
+    print(format_result(result))
+    print(f"wrote {out / 'tune_k.json'}, {out / 'tune_k_grid.csv'}, {out / 'tune_k_check.csv'}, "
+          f"{out / 'tune_k.png'}, {out / 'tune_k.csv'}")
+    return 0
+
+
+def format_result(result) -> str:
+    """Text: best k per batch size, the check table, and the ``--speculative-config`` JSON."""
+    obj = "goodput" if result.slos else "output throughput"
+    lines = [f"best k per batch size (maximising {obj}; {result.replications} replication(s), "
+             f"{result.requests_per_client} requests per client):"]
+    lines.append(f"{'batch':>6} {'best k':>6} {'none tok/s':>11} {f'k={result.best_fixed_k} tok/s':>11} "
+                 f"{'tuned tok/s':>11} {'tuned/fixed':>11} {'tuned/none':>10}")
+    for _, r in result.check.iterrows():
+        lines.append(f"{int(r['batch_size']):6d} {result.best_k[int(r['batch_size'])]:6d} "
+                     f"{r['none_output_throughput']:11.1f} {r['fixed_output_throughput']:11.1f} "
+                     f"{r['tuned_output_throughput']:11.1f} {r['tuned_vs_fixed']:11.3f} {r['tuned_vs_none']:10.3f}")
+    lines.append(f"best fixed k: {result.best_fixed_k}; table boundaries: {result.boundary}")
+    if result.vllm_config is None:
+        lines.append("speculation does not pay at any batch size tried: run vLLM without --speculative-config")
+    else:
+        lines.append("vLLM --speculative-config:")
+        lines.append(json.dumps(result.vllm_config, separators=(", ", ": ")))
+    return "\n".join(lines)
+
+
+def plot_check(check, path: Path):
+    """Draw ``tune_k.png`` and write its data ``tune_k.csv`` (tidy: batch_size, line, output_throughput,
+    output_throughput_ci, ratio_to_none). Left: output throughput (tokens/s) against batch size (requests)
+    for no speculation, the best fixed k and the tuned schedule; right: each divided by no speculation."""
+    import numpy as np
+    import pandas as pd
+    from matplotlib.ticker import ScalarFormatter
+
+    from servesim.plots.curves import save_png_svg
+    from servesim.plots.style import pyplot
+    from servesim.sweep.tables import write_csv
+
+    k = int(check["best_fixed_k"].iloc[0])
+    lines = (("none", "no speculation", "tab:gray", "s--"), ("fixed", f"best fixed k = {k}", "tab:blue", "o-"),
+             ("tuned", "tuned per batch size", "tab:red", "^-"))
+    rows = []
+    xs = check["batch_size"].to_numpy(dtype=float)
+    none = check["none_output_throughput"].to_numpy(dtype=float)
+    plt = pyplot()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
+    for key, label, color, style in lines:
+        ys = check[f"{key}_output_throughput"].to_numpy(dtype=float)
+        ci = check[f"{key}_output_throughput_ci"].to_numpy(dtype=float)
+        ax1.plot(xs, ys, style, color=color, label=label, ms=4)
+        if np.isfinite(ci).any():
+            ax1.fill_between(xs, ys - np.nan_to_num(ci), ys + np.nan_to_num(ci), color=color, alpha=0.15, linewidth=0)
+        ax2.plot(xs, ys / none, style, color=color, label=label, ms=4)
+        for x, y, c, y0 in zip(xs, ys, ci, none):
+            rows.append({"batch_size": int(x), "line": label, "output_throughput": y, "output_throughput_ci": c,
+                         "ratio_to_none": y / y0})
+    for x, kk in zip(xs, check["tuned_k"]):
+        ax2.annotate(f"k={int(kk)}", (x, 1.0), textcoords="offset points", xytext=(0, -12), ha="center",
+                     fontsize=7, color="tab:red")
+    ax2.axhline(1.0, color="black", linewidth=0.8)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xlabel("batch size (closed-loop clients, requests)")
+        ax.legend(fontsize=7)
+    ax1.set_yscale("log")
+    ax1.set_ylabel("output throughput (tokens/s)")
+    ax1.set_title("Output throughput (bands: 95% CI over replications)")
+    ax2.set_ylabel("output throughput / no speculation")
+    ax2.set_title("Speedup over no speculation (tuned k marked)")
+    fig.tight_layout()
+    save_png_svg(fig, Path(path), svg=False)
+    table = pd.DataFrame(rows)
+    write_csv(table, Path(path).with_suffix(".csv"))
+    return table

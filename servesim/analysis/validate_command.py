@@ -1,0 +1,48 @@
+"""``servesim validate [CASES...] [--fast] [--out DIR]``: compare predictions with published measurements.
+
+Runs the validation cases (default: every file in ``experiments/validation/``), prints a table (case,
+source, measured, simulated, relative error, within tolerance) and writes ``DIR/validation.csv`` and
+``DIR/validation.png``. Exits 0 even when cases fall outside their tolerance (the report names them and
+their notes); a bad case file is a one-line error (exit 2 from the front end).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the ``validate`` options to ``parser``."""
+    parser.add_argument("cases", nargs="*", metavar="CASES",
+                        help="case files or folders (default: experiments/validation/)")
+    parser.add_argument("--fast", action="store_true", help="run only the cases marked fast: true")
+    parser.add_argument("--out", default="out/validation", help="output folder (default: out/validation)")
+    parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the cases, print the report, write the CSV and PNG; returns 0 (errors raise ServesimError)."""
+    from servesim.analysis.validation import format_table, load_cases, plot, run_cases, write_csv
+    from servesim.errors import ConfigError
+
+    cases = load_cases(list(args.cases), fast_only=args.fast)
+    if not cases:
+        raise ConfigError("validate: no cases to run (none marked fast: true?)")
+    results = run_cases(cases, progress=lambda name: print(f"running {name}", file=sys.stderr))
+    print(format_table(results, markdown=args.markdown))
+    inside = sum(r.within for r in results)
+    print(f"\n{inside} of {len(results)} cases within tolerance.")
+    outside = [r for r in results if not r.within]
+    if outside:
+        print("Outside tolerance:")
+        for r in outside:
+            why = r.notes or "no note"
+            extra = f" [{r.detail}]" if r.detail else ""
+            print(f"  {r.name}:{extra} {why}")
+    out = Path(args.out)
+    csv_path = write_csv(results, out / "validation.csv")
+    png_path = plot(results, out / "validation.png")
+    print(f"wrote {csv_path} and {png_path}")
+    return 0
