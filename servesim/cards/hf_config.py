@@ -14,7 +14,6 @@ attention and MLP biases.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
