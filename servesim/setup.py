@@ -150,7 +150,19 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
     h = getattr(profile, "heterogeneity", None)
     if h is not None and h.enabled:
         factors = profile.request_factors(np.random.default_rng(child_seed(root, STREAM_FACTORS)), n)
+    accept_table = None
+    decay = getattr(profile, "context_decay", None)
+    if factors is None and (decay is None or not decay.enabled):
+        # acceptance depends only on the draw: A(u) = #{i <= K : u < p_i} for every round at once
+        p = np.cumprod(profile.conditional_rates(spec.num_speculative_tokens))
+        accept_table = np.zeros(total_rounds, dtype=np.int32)
+        for p_i in p:
+            accept_table += uniforms < p_i
+        if spec.drafts_may_be_empty:
+            accept_table[profile.draft_is_empty(uniforms)] = -1
+        uniforms = None
     return SpecSetup(
+        accept_table=accept_table,
         schedule=KSchedule(spec.num_speculative_tokens, spec.num_speculative_tokens_per_batch_size),
         lookahead=spec.lookahead_slots,
         disable_by_batch_size=spec.disable_by_batch_size,

@@ -132,7 +132,7 @@ def plot_check(check, path: Path):
     for no speculation, the best fixed k and the tuned schedule; right: each divided by no speculation."""
     import numpy as np
     import pandas as pd
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import NullLocator
 
     from servesim.plots.curves import save_png_svg
     from servesim.plots.style import pyplot
@@ -162,7 +162,8 @@ def plot_check(check, path: Path):
     ax2.axhline(1.0, color="black", linewidth=0.8)
     for ax in (ax1, ax2):
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_xticks(xs, [str(int(x)) for x in xs])
+        ax.xaxis.set_minor_locator(NullLocator())
         ax.set_xlabel("batch size (closed-loop clients, requests)")
         ax.legend(fontsize=7)
     ax1.set_yscale("log")

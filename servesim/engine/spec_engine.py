@@ -50,8 +50,12 @@ class SpecSetup:
         drafts_may_be_empty: the proposer may find no match (n-gram).
         drafter: the drafting cost model.
         profile: the acceptance profile (:class:`~servesim.speculation.profile.AcceptanceProfile`).
-        uniforms: float64 (sum of output tokens,), one uniform per possible round per request.
+        uniforms: float64 (sum of output tokens,), one uniform per possible round per request (request
+            r's rounds start at the sum of the output tokens of requests before it); None when
+            ``accept_table`` is given.
         factors: float64 (N,) per-request acceptance factors, or None (no heterogeneity).
+        accept_table: int32 (same shape as uniforms), ``A(u)`` of every uniform (-1 = empty n-gram
+            draft), precomputed when acceptance depends on neither the request nor its context.
     """
 
     schedule: KSchedule
@@ -60,8 +64,9 @@ class SpecSetup:
     drafts_may_be_empty: bool
     drafter: DrafterCost
     profile: object
-    uniforms: np.ndarray
+    uniforms: np.ndarray | None
     factors: np.ndarray | None
+    accept_table: np.ndarray | None = None
 
 
 class SpecEngine(Engine):
@@ -93,6 +98,7 @@ class SpecEngine(Engine):
             setattr(self, name, np.zeros(0, dtype=np.int64))
         self._ensure(1024)
         self.tl: dict[int, tuple] = {}
+        self.segments: list[tuple] = []  # (accepted per round, tokens per round or None, k) of finished timelines
         self.k_agg = self.k_next
         self.base_tab = np.full(self.M + 1, -1, dtype=np.int64)
         bs, L = self.bs, self.L
@@ -107,6 +113,10 @@ class SpecEngine(Engine):
     def _start_decode(self, r: int) -> None:
         """Build request r's acceptance table for the rest of its rounds (at the start of a decode phase)."""
         spec = self.spec
+        if spec.accept_table is not None:  # precomputed for every round of every request
+            off = self.off[r]
+            self.acc_table[r] = (0, spec.accept_table[off: off + self.O[r]])
+            return
         j0 = self.rounds[r]
         remaining = self.O[r] - self.gen[r]
         start = self.off[r] + j0
@@ -270,8 +280,8 @@ class SpecEngine(Engine):
         Per round i: ``ncb_i`` computed tokens before the round, ``q_i = 1 + drafts`` scheduled tokens,
         ``newblk_i`` KV blocks allocated. Sums kept per absolute step: NCB (computed tokens), NB (new
         blocks) and, when drafts may be empty (n-gram), TOK (q), QNCB (q * ncb) and QQ (q (q + 1) / 2);
-        with a fixed q those three follow from B and NCB. The vLLM counters of the rounds are added at
-        join and the part not run is taken back if the decoder leaves early (preemption, k change).
+        with a fixed q those three follow from B and NCB. The rounds actually run are recorded as a
+        segment when the decoder leaves, and counted (vLLM's counters) once, at the end.
         """
         k = self.k_agg if k is None else k
         nc0, gen0, blk0, j0 = self.nc[r], self.gen[r], self.blk[r], self.rounds[r]
@@ -315,34 +325,36 @@ class SpecEngine(Engine):
             self.QNCB[g:end] += q * ncb
             self.QQ[g:end] += q * (q + 1) // 2
         self.tl[r] = (g, J, ncb, held, acc, gen0, blk0, j0, newblk, q, k)
-        if acc is not None:
-            self._add_counters(acc, None if not self.var_q else q, k, +1)
         self.B += 1
         fin = end - 1
         self.fing[r] = fin
         heapq.heappush(self.heap, (fin, r))
 
-    def _add_counters(self, acc: np.ndarray, q, k: int, sign: int) -> None:
-        if q is None:
-            rounds, drafted = len(acc), len(acc) * k
-            drafted_acc = acc
-        else:
-            mask = q > 1
-            rounds, drafted = int(mask.sum()), int((q - 1).sum())
-            drafted_acc = acc[mask]
-        if not rounds:
+    def _segment_counters(self) -> None:
+        """Add the vLLM counters of the rounds run by aggregated decoders (recorded as segments at leave)."""
+        if not self.segments:
             return
-        counts = np.bincount(drafted_acc, minlength=self.K + 1).tolist()
-        self.num_drafts += sign * rounds
-        self.num_draft_tokens += sign * drafted
-        pos = self.accepted_per_pos
-        at_least = 0  # rounds with at least i + 1 accepted drafts, for i = K-1 down to 0
-        accepted = 0
+        accs, drafted_rounds, draft_tokens = [], 0, 0
+        for acc, q, k in self.segments:
+            if q is None:  # fixed k drafts every round
+                accs.append(acc)
+                drafted_rounds += len(acc)
+                draft_tokens += k * len(acc)
+            else:
+                mask = q > 1
+                accs.append(acc[mask])
+                drafted_rounds += int(mask.sum())
+                draft_tokens += int((q - 1).sum())
+        self.segments = []
+        acc = np.concatenate(accs)
+        counts = np.bincount(acc, minlength=self.K + 1).tolist()
+        self.num_drafts += drafted_rounds
+        self.num_draft_tokens += draft_tokens
+        at_least = 0
         for i in range(self.K, 0, -1):
             at_least += counts[i]
-            accepted += i * counts[i]
-            pos[i - 1] += sign * at_least
-        self.num_accepted_tokens += sign * accepted
+            self.num_accepted_tokens += i * counts[i]
+            self.accepted_per_pos[i - 1] += at_least
 
     def _leave(self, r: int, g: int) -> int:  # type: ignore[override]
         """Remove decoder r at step g (its rounds before g done); write back its state; return its blocks."""
@@ -357,8 +369,8 @@ class SpecEngine(Engine):
                 self.TOK[g:end] -= qs
                 self.QNCB[g:end] -= qs * ncb[m:]
                 self.QQ[g:end] -= qs * (qs + 1) // 2
-            if acc is not None:
-                self._add_counters(acc[m:], q[m:] if self.var_q else None, k, -1)
+        if m and acc is not None:
+            self.segments.append((acc[:m], q[:m] if self.var_q else None, k))
         if m:
             if m < J:
                 nc = int(ncb[m])
@@ -488,9 +500,19 @@ class SpecEngine(Engine):
             n = 1
         if n > 4096:
             n = 4096
-        end = g + n
         st, dr = self.st, self.spec.drafter
         kd = dr.kv_ps_per_draft_token * k_new
+        t_lim = None
+        if not self.waiting:
+            t_lim = self.arrivals.next_time()
+        if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
+            t_lim = self.max_time_ps
+        if t_lim is not None and n > 1:
+            # step times only grow within a run (contexts grow), so the first step's time bounds how many
+            # steps can pass before t_lim: evaluate no more than that
+            d_first = st.base_ps(B, B) + (st.kv_ps_per_token + kd) * int(self.NCB[g])
+            n = min(n, (t_lim - t0) // max(d_first, 1) + 2)
+        end = g + n
         ncb = self.NCB[g:end]
         if self.var_q:
             tok = self.TOK[g:end]
@@ -515,11 +537,6 @@ class SpecEngine(Engine):
             d = (st.kv_ps_per_token + kd + st.attn_ps_per_pair * q) * ncb + const
         ends = np.cumsum(d)
         ends += t0
-        t_lim = None
-        if not self.waiting:
-            t_lim = self.arrivals.next_time()
-        if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
-            t_lim = self.max_time_ps
         if t_lim is not None and ends[n - 1] >= t_lim:
             n = int(np.searchsorted(ends, t_lim, side="left")) + 1
         cnb = np.cumsum(self.NB[g:g + n])
@@ -634,6 +651,7 @@ class SpecEngine(Engine):
     def output(self):
         if self.mode == "run" and (self.tl or self.partial is not None):
             self._materialize()
+        self._segment_counters()
         out = super().output()
         out.spec_counters = {
             "num_drafts": self.num_drafts,

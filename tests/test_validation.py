@@ -1,0 +1,149 @@
+"""Tests of ``servesim validate``: the fast published cases hold, bad case files fail in one line."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from servesim.analysis.validation import (
+    crossover,
+    default_cases_dir,
+    load_case_file,
+    load_cases,
+    relative_error,
+    run_case,
+)
+from servesim.errors import ConfigError
+
+FAST_CASES = load_cases(fast_only=True)
+
+
+def test_default_folder_has_the_required_cases():
+    names = {lc.case.name for lc in load_cases()}
+    required = {
+        "pr16937-plain", "pr16937-eagle-k2", "pr16937-eagle-k4", "pr16937-eagle-k7", "pr16937-eagle3-k2",
+        "blog-70b-draft0.5b-sharegpt-crossover", "blog-70b-ngram-cnndm-crossover",
+        "lesson-ex12-batch1", "lesson-ex12-batch256", "lesson-ex3-alpha0.8-k4", "lesson-ex8-separate-draft-model",
+    }
+    assert required <= names
+    assert all(lc.case.fast for lc in FAST_CASES) and len(FAST_CASES) >= 10
+
+
+@pytest.mark.parametrize("lc", FAST_CASES, ids=[lc.case.name for lc in FAST_CASES])
+def test_fast_case_within_published_tolerance(lc):
+    # a real check against the published number: if one fails, report it, do not loosen the tolerance
+    r = run_case(lc)
+    assert r.simulated is not None
+    assert abs(r.simulated - lc.case.measured.value) <= lc.case.tolerance * lc.case.measured.value, r
+
+
+def test_crossover_interpolates_and_reports_none():
+    assert crossover([1, 2, 4], [1.5, 1.25, 0.75]) == pytest.approx(3.0)
+    assert crossover([1, 2], [1.0, 0.5]) == pytest.approx(1.0)
+    assert crossover([1, 2, 3], [1.2, 1.1, 1.05]) is None
+    assert crossover([1, 2, 3], [0.9, 1.1, 1.2]) is None
+
+
+def test_relative_error_point_and_interval():
+    assert relative_error(110.0, 100.0, 100.0) == pytest.approx(0.10)
+    assert relative_error(9.0, 8.0, 10.0) == 0.0
+    assert relative_error(12.0, 8.0, 10.0) == pytest.approx(0.2)
+    assert relative_error(6.0, 8.0, 10.0) == pytest.approx(-0.25)
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "case.yaml"
+    p.write_text(text)
+    return p
+
+
+GOOD = """
+cases:
+  - name: tiny
+    source: "seed lesson, Example 3"
+    setup: "alpha 0.5, k 2 on the lesson's ideal roofline"
+    measured: {metric: spec_decode.mean_acceptance_length, unit: tokens, value: 1.75}
+    config:
+      hardware: lesson-h100-sxm
+      model: lesson-8b-fp16
+      roofline: {mode: ideal}
+      workload: {type: closed_loop, concurrency: 8, requests_per_client: 20,
+                 prompt_tokens: {type: fixed, value: 1}, output_tokens: {type: fixed, value: 200}}
+      speculative_config: {method: draft_model, num_speculative_tokens: 2, draft_cost: 0.05, acceptance: {alpha: 0.5}}
+    fast: true
+    tolerance: 0.02
+"""
+
+
+@pytest.mark.parametrize(
+    "text, field",
+    [
+        (GOOD.replace("    tolerance: 0.02", "    tolerance: 0.02\n    colour: red"), "cases.0.colour"),
+        (GOOD.replace("    source: \"seed lesson, Example 3\"\n", ""), "cases.0.source"),
+        (GOOD.replace("value: 1.75", "value: -1"), "cases.0.measured.value"),
+        (GOOD.replace("value: 1.75", "value: 1.75, interval: [1, 2]"), "cases.0.measured"),
+        (GOOD.replace("metric: spec_decode.mean_acceptance_length", "metric: speedup"), "cases.0"),
+        ("cases: []\n", "cases"),
+    ],
+)
+def test_bad_case_file_is_one_line_config_error(tmp_path, text, field):
+    p = _write(tmp_path, text)
+    with pytest.raises(ConfigError) as exc:
+        load_case_file(p)
+    msg = str(exc.value)
+    assert "\n" not in msg
+    assert msg.startswith(f"{p}: {field}:"), msg
+
+
+def test_bad_config_inside_case_names_file_and_case(tmp_path):
+    p = _write(tmp_path, GOOD.replace("concurrency: 8,", "concurrency: 0,"))
+    (lc,) = load_case_file(p)
+    with pytest.raises(ConfigError) as exc:
+        run_case(lc)
+    msg = str(exc.value)
+    assert "\n" not in msg and msg.startswith(f"{p}: cases[0].config:") and "concurrency" in msg
+
+
+def test_unknown_metric_is_one_line_error(tmp_path):
+    p = _write(tmp_path, GOOD.replace("metric: spec_decode.mean_acceptance_length", "metric: tokens_per_joule"))
+    (lc,) = load_case_file(p)
+    with pytest.raises(ConfigError, match=r"cases\[0\]\.measured\.metric: unknown summary metric"):
+        run_case(lc)
+
+
+def test_missing_case_path_is_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_cases([tmp_path / "nope.yaml"])
+
+
+def test_command_writes_csv_and_png_and_exits_zero(tmp_path, capsys):
+    from servesim.cli import main
+
+    case = _write(tmp_path, GOOD + GOOD.replace("name: tiny", "name: tiny-off").replace("cases:\n", "")
+                  .replace("value: 1.75", "value: 3.0"))
+    out = tmp_path / "out"
+    assert main(["validate", str(case), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "tiny-off" in text and "1 of 2 cases within tolerance" in text
+    rows = list(csv.DictReader((out / "validation.csv").open()))
+    assert [r["case"] for r in rows] == ["tiny", "tiny-off"]
+    assert [r["within_tolerance"] for r in rows] == ["yes", "no"]
+    # closed form (Example 3): 1 + 0.5 + 0.25 = 1.75 tokens per round
+    assert float(rows[0]["simulated"]) == pytest.approx(1.75, rel=0.02)
+    png = (out / "validation.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 1000
+
+
+def test_command_bad_file_exits_two(tmp_path, capsys):
+    from servesim.cli import main
+
+    p = _write(tmp_path, "cases: [{name: x}]\n")
+    assert main(["validate", str(p), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and str(p) in err
+
+
+def test_default_cases_dir_exists():
+    assert (default_cases_dir() / "README.md").is_file()
