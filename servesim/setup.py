@@ -143,6 +143,18 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
         base_dir=folder,
         source="speculative_config.acceptance",
     )
+    tree_nodes = None
+    if spec.draft_tree is not None:
+        from servesim.speculation.tree import tree_acceptance
+
+        depth = len(spec.draft_tree)
+        tree = tree_acceptance(spec.draft_tree, chain_conditional=profile.conditional_extended(depth))
+        profile = tree.to_profile(
+            name=f"{profile.name or 'profile'} as tree {spec.draft_tree}",
+            source=f"{profile.source}; tree acceptance 1 - (1 - a_d)^b_d (servesim.speculation.tree)",
+            method=spec.method,
+        )
+        tree_nodes = tree.verify_width - 1
     total_rounds = int(np.asarray(workload.output_tokens, dtype=np.int64).sum())
     uniforms = np.random.default_rng(child_seed(root, STREAM_ACCEPTANCE)).random(total_rounds)
     n = len(workload.output_tokens)
@@ -163,6 +175,7 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
         uniforms = None
     return SpecSetup(
         accept_table=accept_table,
+        tree_nodes=tree_nodes,
         schedule=KSchedule(spec.num_speculative_tokens, spec.num_speculative_tokens_per_batch_size),
         lookahead=spec.lookahead_slots,
         disable_by_batch_size=spec.disable_by_batch_size,

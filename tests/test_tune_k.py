@@ -158,7 +158,14 @@ def test_lesson_best_k(lesson_tuning):
     # at 256 clients 256 x (k + 1) >> 295 tokens per step: any k > 0 is compute-bound and loses to k = 0
     assert r.best_k == {1: 4, 256: 0}
     assert r.table == [[1, 128, 4], [129, 4096, 0]]
-    assert r.best_fixed_k == 4
+    # best fixed k: largest mean share of the best throughput over the two batch sizes. Closed forms (lesson):
+    # batch 1: AL(k) / (1 + 0.05 k); batch 256: AL(k) x 4.78 ms / (256 (k + 1) x 16e9 / 989e12 s + 0.05 k x 4.78 ms)
+    al = [(1 - 0.7 ** (k + 1)) / 0.3 for k in range(5)]
+    b1 = [al[k] / (1 + 0.05 * k) for k in range(5)]
+    b256 = [1.0] + [al[k] * STEP_S / (256 * (k + 1) * 16e9 / 989e12 + 0.05 * k * STEP_S) for k in range(1, 5)]
+    shares = [(b1[k] / max(b1) + b256[k] / max(b256)) / 2 for k in range(5)]
+    assert max(range(5), key=shares.__getitem__) == 2  # 0.836 vs 0.826 (k = 1 and 3) and 0.806 (k = 4)
+    assert r.best_fixed_k == 2
 
 
 def test_lesson_throughput_closed_forms(lesson_tuning):
@@ -179,8 +186,8 @@ def test_lesson_check(lesson_tuning):
     assert list(check["tuned_k"]) == [4, 0]
     # tuned matches or beats the best fixed k (common random numbers: equal k gives the same run)
     assert (check["tuned_output_throughput"] >= 0.98 * check["fixed_output_throughput"]).all()
-    # at 256 the tuned schedule sets k = 0 and beats fixed k = 4 clearly (Example 12: 0.61x at k = 4)
-    assert check.loc[256, "tuned_vs_fixed"] > 1.3
+    # at 256 the tuned schedule sets k = 0 and beats the fixed k = 2 (closed form: 1 / 0.811 = 1.23)
+    assert check.loc[256, "tuned_vs_fixed"] > 1.15
     assert check.loc[1, "tuned_vs_none"] > 2.0
 
 

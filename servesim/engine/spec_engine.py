@@ -1,7 +1,8 @@
 """Speculative decoding in the engine (vLLM V1 semantics, see ``vllm-semantics.md``).
 
 In every step, each decoding request schedules ``1 + k`` tokens: its last sampled token and the ``k``
-drafts the drafter proposed in the previous step (fewer when the token budget is short; none for an
+drafts the drafter proposed in the previous step (with a draft tree, all the tree's nodes: the verify width
+grows with the branching while at most ``k`` = depth drafts can be accepted) (fewer when the token budget is short; none for an
 n-gram round without a match). The target verifies them in the same forward pass; the request accepts a
 prefix of ``a`` drafts and samples one more token, so it emits ``1 + a`` tokens and its computed tokens
 advance by ``1 + a`` (rejected drafts roll back ``num_computed_tokens`` but keep their KV blocks). KV slots
@@ -56,6 +57,8 @@ class SpecSetup:
         factors: float64 (N,) per-request acceptance factors, or None (no heterogeneity).
         accept_table: int32 (same shape as uniforms), ``A(u)`` of every uniform (-1 = empty n-gram
             draft), precomputed when acceptance depends on neither the request nor its context.
+        tree_nodes: draft tokens per round of a draft tree (its nodes below the root; the tree's depth is
+            K), or None for a chain.
     """
 
     schedule: KSchedule
@@ -67,6 +70,7 @@ class SpecSetup:
     uniforms: np.ndarray | None
     factors: np.ndarray | None
     accept_table: np.ndarray | None = None
+    tree_nodes: int | None = None
 
 
 class SpecEngine(Engine):
@@ -78,6 +82,11 @@ class SpecEngine(Engine):
         n = self.n
         self.spec = spec
         self.K = spec.schedule.K
+        # draft tokens scheduled per request for k speculative positions: k for a chain, the tree's nodes
+        # (below the root) for a draft tree of depth K
+        self.width = list(range(self.K + 1))
+        if spec.tree_nodes is not None:
+            self.width[self.K] = spec.tree_nodes
         self.L = int(spec.lookahead)
         self.k_next = self.K if spec.schedule.entries is None else spec.schedule.k_for(1)
         self.off = np.concatenate(([0], np.cumsum(np.asarray(self.O, dtype=np.int64))[:-1])).tolist() if n else []
@@ -176,7 +185,7 @@ class SpecEngine(Engine):
             d = a_full = 0
             if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
                 a_full = self._a(r)
-                d = 0 if (k_step == 0 or a_full < 0) else k_step
+                d = 0 if (k_step == 0 or a_full < 0) else self.width[k_step]
                 n = 1 + d
                 if n > budget:
                     n = budget
@@ -232,7 +241,7 @@ class SpecEngine(Engine):
         for r, n, d, a_full in sched:
             c = nc[r]
             if gen[r] >= 1 and c == P[r] + gen[r] - 1:
-                acc = min(d, a_full) if a_full > 0 else 0
+                acc = min(d, k_step, a_full) if a_full > 0 else 0
                 self._count(d, acc)
                 self.rounds[r] += 1
                 e = min(1 + acc, O[r] - gen[r])
@@ -295,8 +304,8 @@ class SpecEngine(Engine):
             q = 1
         else:
             if self.var_q:
-                d = np.where(a_full < 0, 0, k)
-                acc = np.minimum(d, a_full.clip(0))
+                d = np.where(a_full < 0, 0, self.width[k])
+                acc = np.minimum(np.minimum(d, k), a_full.clip(0))
             else:
                 d = None
                 acc = np.minimum(a_full, k)
@@ -305,7 +314,7 @@ class SpecEngine(Engine):
             J = int(np.searchsorted(cum, remaining)) + 1
             acc = acc[:J]
             ncb = (nc0 - e[:J]) + cum[:J]
-            q = (d[:J] + 1) if self.var_q else k + 1
+            q = (d[:J] + 1) if self.var_q else self.width[k] + 1
         bs = self.bs
         need = (ncb + (q + self.L + bs - 1)) // bs
         if self.var_q:
@@ -339,7 +348,7 @@ class SpecEngine(Engine):
             if q is None:  # fixed k drafts every round
                 accs.append(acc)
                 drafted_rounds += len(acc)
-                draft_tokens += k * len(acc)
+                draft_tokens += self.width[k] * len(acc)
             else:
                 mask = q > 1
                 accs.append(acc[mask])
@@ -404,7 +413,7 @@ class SpecEngine(Engine):
         if self.var_q:
             tok = int(self.TOK[g])
             return tok, ncb + tok, int(self.QNCB[g]) + int(self.QQ[g])
-        q = self.k_agg + 1
+        q = self.width[self.k_agg] + 1
         return B * q, ncb + B * q, q * ncb + B * (q * (q + 1) // 2)
 
     def _retime(self, g: int, k: int) -> None:
@@ -472,7 +481,7 @@ class SpecEngine(Engine):
             self._retime(g, self.k_next)
         self.k_agg = self.k_next
         B = self.B
-        t_dec = (int(self.TOK[g]) if self.var_q else B * (self.k_agg + 1)) if B else 0
+        t_dec = (int(self.TOK[g]) if self.var_q else B * (self.width[self.k_agg] + 1)) if B else 0
         budget = self.M - t_dec
         if budget < 0:
             self._fallback()
@@ -530,7 +539,7 @@ class SpecEngine(Engine):
                 d += np.array([dr.const_ps(t, B, k_new) for t in tok.tolist()], dtype=np.int64)
             tok0 = int(tok[0])
         else:
-            q = k_step + 1
+            q = self.width[k_step] + 1
             tok0 = B * q
             const = (st.base_ps(tok0, tok0) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
                      + dr.const_ps(tok0, B, k_new))

@@ -19,6 +19,11 @@ servesim's own keys (vLLM has no equivalent):
   calibrated so that EAGLE on Llama-3.1-8B/H100 at batch 1 matches vLLM PR 16937: 201.7, 198 and 169.9
   tok/s at K = 2, 4, 7 all imply ~1.1 ms per drafter pass, of which the roofline gives ~0.55 ms).
   Ignored by the ``ideal`` roofline.
+* ``draft_tree``: a tree-shaped draft (branching factor per depth, e.g. ``[2, 2]``: 2 + 4 = 6 draft
+  tokens verified per round, depth 2), as EAGLE/Medusa/SpecInfer draw it. Each round verifies all the
+  tree's nodes (the verify width, its cost in the step) and accepts at most depth drafts, with the
+  per-depth acceptance ``1 - (1 - a_d)^b_d`` of :mod:`servesim.speculation.tree` (the seed lesson's
+  Example 9). vLLM V1 drafts chains; this is servesim's extension.
 * ``draft_head``: for eagle/eagle3/medusa/mtp, the drafter's shape as a model-card mapping (default: one
   decoder layer of the target's width, reusing its embedding and lm_head).
 """
@@ -62,6 +67,7 @@ class SpeculativeConfig(BaseModel):
     ngram_cpu_s_per_request: float = Field(default=10e-6, ge=0.0)
     draft_pass_overhead_s: float = Field(default=0.6e-3, ge=0.0)
     draft_head: dict[str, Any] | None = None
+    draft_tree: list[int] | None = None
 
     @model_validator(mode="after")
     def _vllm_rules(self) -> SpeculativeConfig:
@@ -70,6 +76,20 @@ class SpeculativeConfig(BaseModel):
             if self.model is None:
                 raise ValueError("method is required when no speculative model is given (e.g. 'ngram' or 'mtp')")
             self.method = "draft_model"
+        if self.draft_tree is not None:
+            if not self.draft_tree or any(b < 1 for b in self.draft_tree):
+                raise ValueError("draft_tree must list the branching factor (>= 1) of each depth, e.g. [2, 2]")
+            if self.method in ("ngram", "suffix"):
+                raise ValueError(f"draft_tree needs a model-based drafter, not method '{self.method}'")
+            if self.num_speculative_tokens is None:
+                self.num_speculative_tokens = len(self.draft_tree)
+            if self.num_speculative_tokens != len(self.draft_tree):
+                raise ValueError(
+                    f"num_speculative_tokens={self.num_speculative_tokens} must equal the depth of draft_tree "
+                    f"({len(self.draft_tree)})"
+                )
+            if self.num_speculative_tokens_per_batch_size is not None:
+                raise ValueError("draft_tree cannot be combined with num_speculative_tokens_per_batch_size")
         if self.num_speculative_tokens is None:
             raise ValueError(
                 "num_speculative_tokens must be provided with speculative model unless the draft model config "
