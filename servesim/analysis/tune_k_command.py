@@ -156,8 +156,9 @@ def plot_check(check, path: Path):
         for x, y, c, y0 in zip(xs, ys, ci, none):
             rows.append({"batch_size": int(x), "line": label, "output_throughput": y, "output_throughput_ci": c,
                          "ratio_to_none": y / y0})
-    for x, kk in zip(xs, check["tuned_k"]):
-        ax2.annotate(f"k={int(kk)}", (x, 1.0), textcoords="offset points", xytext=(0, -12), ha="center",
+    tuned_ratio = check["tuned_output_throughput"].to_numpy(dtype=float) / none
+    for x, y, kk in zip(xs, tuned_ratio, check["tuned_k"]):
+        ax2.annotate(f"k={int(kk)}", (x, y), textcoords="offset points", xytext=(0, 7), ha="center",
                      fontsize=7, color="tab:red")
     ax2.axhline(1.0, color="black", linewidth=0.8)
     for ax in (ax1, ax2):

@@ -87,7 +87,8 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--x: expected one of {', '.join(THROUGHPUT_AXES)} or a swept column (got {args.x!r})")
     if summary.empty:
         raise ConfigError(f"{args.dir / 'summary.csv'}: no finished runs to plot")
-    group_cols = [c for c in columns if c != along]
+    # one curve per combination of the other swept columns (single-valued ones say nothing: skip them)
+    group_cols = [c for c in columns if c != along and summary[c].nunique(dropna=False) > 1]
     if summary["variant"].nunique() > 1:
         group_cols.append("variant")
     written = []

@@ -26,6 +26,17 @@ servesim's own keys (vLLM has no equivalent):
   Example 9). vLLM V1 drafts chains; this is servesim's extension.
 * ``draft_head``: for eagle/eagle3/medusa/mtp, the drafter's shape as a model-card mapping (default: one
   decoder layer of the target's width, reusing its embedding and lm_head).
+* ``temperature``: the requests' sampling temperature (default 0 = greedy). With ``T > 0`` the acceptance
+  profile (measured greedy) is converted by :func:`effective_profile` with servesim's peakedness model
+  (:mod:`servesim.speculation.temperature`; the seed lesson's Examples 5 and 10).
+* ``verification_rule``: ``ratio`` (speculative sampling, vLLM's rejection sampler; the default) or
+  ``match`` (llama.cpp's server: accept iff the target's sample equals the draft's token; what
+  :mod:`servesim.speculation.llamacpp` sets). Both are the same at ``T = 0``.
+* ``target_top_probability``: the temperature model's target top-token probability at ``T = 1`` (default
+  0.75, :data:`~servesim.speculation.temperature.DEFAULT_TARGET_TOP_PROBABILITY`).
+* ``draft_budget_limit``: llama.cpp's rule that a draft never exceeds the request's remaining output budget
+  minus one token (``get_n_draft_max``), so a request's last round drafts fewer. Set from llama.cpp flags;
+  for the engine to honour it, its drafts per request per round must be ``min(k, remaining_output - 1)``.
 """
 
 from __future__ import annotations
@@ -68,6 +79,10 @@ class SpeculativeConfig(BaseModel):
     draft_pass_overhead_s: float = Field(default=0.6e-3, ge=0.0)
     draft_head: dict[str, Any] | None = None
     draft_tree: list[int] | None = None
+    temperature: float = Field(default=0.0, ge=0.0)
+    verification_rule: Literal["ratio", "match"] = "ratio"
+    target_top_probability: float | None = Field(default=None, gt=0.0, lt=1.0)
+    draft_budget_limit: bool = False
 
     @model_validator(mode="after")
     def _vllm_rules(self) -> SpeculativeConfig:
@@ -130,3 +145,28 @@ class SpeculativeConfig(BaseModel):
     def drafts_may_be_empty(self) -> bool:
         """Proposers that can find no match and draft nothing in a round (n-gram, suffix)."""
         return self.method in ("ngram", "suffix")
+
+
+def effective_profile(spec: SpeculativeConfig, profile):
+    """The acceptance profile the engine should use: ``profile`` at the config's sampling temperature.
+
+    ``T = 0`` (greedy) returns ``profile`` unchanged (both verification rules accept exactly when the
+    argmaxes agree). ``T > 0`` returns ``profile.at_temperature(T, spec.verification_rule, ...)``: each
+    conditional rate given a match goes through
+    :func:`servesim.speculation.temperature.acceptance_at_temperature` (servesim's documented peakedness
+    model, not a published formula), the no-match share is kept. Apply it before a draft-tree conversion
+    (the tree's per-depth acceptance ``1 - (1 - a_d)^b_d`` then uses the tempered chain rates).
+
+    Args:
+        spec: a validated :class:`SpeculativeConfig`.
+        profile: an :class:`~servesim.speculation.profile.AcceptanceProfile` measured with greedy sampling.
+
+    Returns:
+        An :class:`~servesim.speculation.profile.AcceptanceProfile` (named ``...@T=<T>,<rule>`` when converted).
+    """
+    if spec.temperature <= 0.0:
+        return profile
+    model = {}
+    if spec.target_top_probability is not None:
+        model["target_top_probability"] = spec.target_top_probability
+    return profile.at_temperature(spec.temperature, spec.verification_rule, **model)
