@@ -31,16 +31,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="JSON",
         help="vLLM's --speculative-config JSON, e.g. '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'",
     )
+    parser.add_argument(
+        "--llama-cpp-spec",
+        default=None,
+        metavar="FLAGS",
+        help="llama.cpp server's speculative flags instead of --speculative-config, e.g. "
+        "--llama-cpp-spec=\"--spec-type ngram-simple --spec-ngram-simple-size-n 3\" "
+        "(servesim.speculation.llamacpp; --set speculative_config.KEY=... still applies after it)",
+    )
     parser.add_argument("--no-plot", action="store_true", help="skip latency.png (faster)")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
 
 
-def parse_overrides(assignments: list[str], speculative_json: str | None) -> dict:
-    """Turn ``--set`` assignments and ``--speculative-config`` into a dict of dotted overrides."""
+def parse_overrides(assignments: list[str], speculative_json: str | None, llama_cpp_flags: str | None = None) -> dict:
+    """Turn ``--set`` assignments and ``--speculative-config`` (or ``--llama-cpp-spec``) into dotted overrides.
+
+    ``--llama-cpp-spec`` replaces ``speculative_config`` BEFORE the ``--set`` assignments (so they can add
+    servesim keys such as ``speculative_config.acceptance``); ``--spec-type none`` removes speculation.
+
+    Raises:
+        ConfigError: invalid JSON or flags, or both ``--speculative-config`` and ``--llama-cpp-spec``.
+    """
     from servesim.config.overrides import parse_assignment
     from servesim.errors import ConfigError
 
     overrides = {}
+    if llama_cpp_flags is not None:
+        if speculative_json is not None:
+            raise ConfigError("--llama-cpp-spec and --speculative-config are mutually exclusive: give one")
+        from servesim.speculation.llamacpp import parse_llamacpp_flags
+
+        overrides["speculative_config"] = parse_llamacpp_flags(llama_cpp_flags, "--llama-cpp-spec")
     for text in assignments:
         key, value = parse_assignment(text)
         overrides[key] = value
@@ -60,7 +81,8 @@ def run(args: argparse.Namespace) -> int:
     from servesim.metrics import format_summary_table, write_outputs
     from servesim.api import simulate
 
-    cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config))
+    cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
+                                                          getattr(args, "llama_cpp_spec", None)))
     result = simulate(cfg, seed=args.seed, base_dir=folder)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
