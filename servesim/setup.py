@@ -143,6 +143,9 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
         base_dir=folder,
         source="speculative_config.acceptance",
     )
+    from servesim.speculation.config import effective_profile
+
+    profile = effective_profile(spec, profile)  # sampling temperature and verification rule
     tree_nodes = None
     if spec.draft_tree is not None:
         from servesim.speculation.tree import tree_acceptance
@@ -176,6 +179,7 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
     return SpecSetup(
         accept_table=accept_table,
         tree_nodes=tree_nodes,
+        draft_budget_limit=spec.draft_budget_limit,
         schedule=KSchedule(spec.num_speculative_tokens, spec.num_speculative_tokens_per_batch_size),
         lookahead=spec.lookahead_slots,
         disable_by_batch_size=spec.disable_by_batch_size,

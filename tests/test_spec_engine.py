@@ -204,3 +204,16 @@ def test_cli_takes_vllms_json(tmp_path, capsys):
     assert summary["setup"]["speculative_method"] == "eagle3"
     assert main(["run", str(path), "--out", str(tmp_path / "o"), "--speculative-config", "{method: x"]) == 2
     assert "--speculative-config: invalid JSON" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("mode", ["run", "step"])
+def test_llamacpp_draft_budget_limit_reproduces_example10(mode):
+    # llama.cpp, tiny model as its own draft, greedy: 40 tokens, 8 rounds, 7 x 4 + 3 = 31 drafted and all
+    # accepted (a draft never exceeds the remaining budget minus one), mean len 1 + 31/8 = 4.875
+    spec = {"method": "draft_model", "num_speculative_tokens": 4, "draft_cost": 0.05, "acceptance": {"alpha": 1.0},
+            "draft_budget_limit": True, "verification_rule": "match"}
+    res = simulate(closed_loop(spec, concurrency=1, num_requests=1, prompt=8, output=40, simulation={"mode": mode}))
+    sd = res.summary["spec_decode"]
+    assert (sd["num_drafts"], sd["num_draft_tokens"], sd["num_accepted_tokens"]) == (8, 31, 31)
+    assert sd["mean_acceptance_length"] == pytest.approx(4.875)
+    assert res.summary["completed"] == 1

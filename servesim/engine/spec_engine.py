@@ -59,6 +59,8 @@ class SpecSetup:
             draft), precomputed when acceptance depends on neither the request nor its context.
         tree_nodes: draft tokens per round of a draft tree (its nodes below the root; the tree's depth is
             K), or None for a chain.
+        draft_budget_limit: llama.cpp's rule, a round drafts at most the request's remaining output
+            tokens minus one.
     """
 
     schedule: KSchedule
@@ -71,6 +73,7 @@ class SpecSetup:
     factors: np.ndarray | None
     accept_table: np.ndarray | None = None
     tree_nodes: int | None = None
+    draft_budget_limit: bool = False
 
 
 class SpecEngine(Engine):
@@ -100,7 +103,8 @@ class SpecEngine(Engine):
         self.mean_len = float(spec.profile.mean_acceptance_length(self.K))
         self.p_fixed = np.cumprod(spec.profile.conditional_rates(self.K))[None, :]
         # run mode: per-step sums over the aggregated decoders' timelines (see _join)
-        self.var_q = bool(spec.drafts_may_be_empty)
+        self.budget_limit = bool(spec.draft_budget_limit)
+        self.var_q = bool(spec.drafts_may_be_empty) or self.budget_limit
         self.cap = 0
         self._arrays = ("NCB", "NB", "TOK", "QNCB", "QQ") if self.var_q else ("NCB", "NB")
         for name in ("NCB", "NB", "TOK", "QNCB", "QQ"):
@@ -186,6 +190,8 @@ class SpecEngine(Engine):
             if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
                 a_full = self._a(r)
                 d = 0 if (k_step == 0 or a_full < 0) else self.width[k_step]
+                if self.budget_limit and d > O[r] - gen[r] - 1:
+                    d = O[r] - gen[r] - 1  # llama.cpp: a draft never exceeds the remaining budget minus one
                 n = 1 + d
                 if n > budget:
                     n = budget
@@ -311,6 +317,8 @@ class SpecEngine(Engine):
                 acc = np.minimum(a_full, k)
             e = acc + 1
             cum = np.cumsum(e)
+            if self.budget_limit:
+                d, acc, e, cum = self._limit_drafts(d, acc, e, cum, a_full, k, remaining)
             J = int(np.searchsorted(cum, remaining)) + 1
             acc = acc[:J]
             ncb = (nc0 - e[:J]) + cum[:J]
@@ -364,6 +372,27 @@ class SpecEngine(Engine):
             at_least += counts[i]
             self.num_accepted_tokens += i * counts[i]
             self.accepted_per_pos[i - 1] += at_least
+
+    @staticmethod
+    def _limit_drafts(d, acc, e, cum, a_full, k, remaining):
+        """llama.cpp's draft budget: a round drafts at most ``remaining output - 1`` tokens. Only the last
+        few rounds of a request can hit the cap; from the first one that does, redo them in order."""
+        before = cum - e
+        capped = np.flatnonzero(remaining - before - 1 < d)
+        if not len(capped):
+            return d, acc, e, cum
+        d, acc, e = d.copy(), acc.copy(), e.copy()
+        i = int(capped[0])
+        emitted = int(before[i])
+        while i < len(d):
+            d_i = min(int(d[i]), max(remaining - emitted - 1, 0))
+            a_i = min(d_i, k, max(int(a_full[i]), 0))
+            d[i], acc[i], e[i] = d_i, a_i, a_i + 1
+            emitted += a_i + 1
+            i += 1
+            if emitted >= remaining:
+                break
+        return d, acc, e, np.cumsum(e)
 
     def _leave(self, r: int, g: int) -> int:  # type: ignore[override]
         """Remove decoder r at step g (its rounds before g done); write back its state; return its blocks."""
