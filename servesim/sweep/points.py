@@ -7,7 +7,8 @@ unchanged (and a resumed sweep finds its finished points).
 
 Seeds: one root ``numpy.random.SeedSequence(entropy=seed)``; the child for (point, replication ``r``)
 is ``SeedSequence(entropy=seed, spawn_key=(point.key_int, r))``, the same construction as
-``SeedSequence.spawn`` with a content-derived first spawn key. The integer handed to ``simulate`` is 63
+``SeedSequence.spawn`` with a content-derived first spawn key. The key depends on the swept values and
+not on the variant: the variants of a point see the same requests and draws (common random numbers). The integer handed to ``simulate`` is 63
 bits drawn from that child (:func:`task_seed`), so ``servesim run --seed S`` reproduces a row of
 summary.csv.
 """
@@ -53,7 +54,8 @@ class Point:
         variant_overrides: the variant's dotted key -> value overrides (applied first).
         axes: swept dotted key -> value, in the sweep file's order (applied after the variant).
         point_id: 12 hex digits of the SHA-256 of the canonical JSON of (variant, overrides, axes).
-        key_int: the first 64 bits of that hash as an int, the point's spawn key.
+        key_int: the point's spawn key: the first 64 bits of the SHA-256 of its swept values alone, so
+            that all variants of a point use common random numbers.
     """
 
     index: int
@@ -71,10 +73,16 @@ class Point:
 
 
 def point_identity(variant: str, variant_overrides: dict[str, Any], axes: dict[str, Any]) -> tuple[str, int]:
-    """Return ``(point_id, key_int)`` for a point's content (see :class:`Point`)."""
+    """Return ``(point_id, key_int)`` for a point's content (see :class:`Point`).
+
+    The id covers the variant and the swept values; the seed key covers the swept values only, so the
+    variants of one point share their random numbers (same requests, same acceptance draws): a comparison
+    between variants (``speedup.csv``) measures the variants, not the noise between two workloads.
+    """
     text = canonical_json({"variant": variant, "variant_overrides": variant_overrides, "axes": axes})
     digest = hashlib.sha256(text.encode("ascii")).hexdigest()
-    return digest[:12], int(digest[:16], 16)
+    seed_digest = hashlib.sha256(canonical_json({"axes": axes}).encode("ascii")).hexdigest()
+    return digest[:12], int(seed_digest[:16], 16)
 
 
 def expand_points(sweep: LoadedSweep) -> list[Point]:
