@@ -17,6 +17,8 @@ Exactness of ``mean()``/``variance()``:
 
 from __future__ import annotations
 
+from abc import abstractmethod
+
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,13 +248,13 @@ class _LengthBase(BaseModel):
     def _lo(self) -> int:
         return self.min if self.min is not None else 1
 
+    @abstractmethod
     def build(self, base_dir: Path | None = None) -> LengthDistribution:  # pragma: no cover - abstract
         """The runtime sampler (with ``sample``, ``mean()``, ``variance()``); paths relative to ``base_dir``.
 
         Raises:
             TraceError: an empirical distribution's trace file is missing or malformed.
         """
-        raise NotImplementedError
 
 
 class FixedLengthConfig(_LengthBase):
