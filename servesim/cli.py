@@ -73,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
+    except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
+        # e.g. --out names an existing file: a user mistake, said in one line
+        print(f"servesim: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
         return 130

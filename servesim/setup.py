@@ -43,6 +43,34 @@ def engine_limits(cfg: SimConfig, hardware) -> tuple[int, int]:
     return seqs, tokens
 
 
+VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
+"""``--block-size`` choices of vLLM's engine arguments."""
+
+
+def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_tokens: int) -> None:
+    """Reject settings vLLM itself would reject, with vLLM-like messages.
+
+    Raises:
+        ConfigError: block size not among vLLM's choices, attention heads not divisible by the tensor
+            parallel size, or ``max_num_batched_tokens < max_num_seqs``.
+    """
+    e = cfg.engine
+    if e.block_size not in VLLM_BLOCK_SIZES:
+        raise ConfigError(f"engine.block_size: expected one of {list(VLLM_BLOCK_SIZES)} as in vLLM (got {e.block_size})")
+    heads = getattr(model, "num_attention_heads", None)
+    tp = cfg.tensor_parallel_size
+    if heads and heads % tp:
+        raise ConfigError(
+            f"tensor_parallel_size: total number of attention heads ({heads}) must be divisible by tensor "
+            f"parallel size ({tp})"
+        )
+    if max_num_batched_tokens < max_num_seqs:
+        raise ConfigError(
+            f"engine: max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal to "
+            f"max_num_seqs ({max_num_seqs})"
+        )
+
+
 @dataclass
 class Prepared:
     """Everything one replica needs, derived from a config (cards, limits, KV capacity, workload)."""
@@ -72,6 +100,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
     tp = cfg.tensor_parallel_size
     seqs, budget = engine_limits(cfg, hardware)
     e = cfg.engine
+    check_vllm_limits(cfg, model, seqs, budget)
     step_time = build_step_time_model(hardware, model, tp, cfg.roofline.mode)
     spec = drafter = None
     if cfg.speculative_config is not None:
@@ -191,9 +220,23 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
     )
 
 
+MAX_SIMULATED_S = 2**62 / PS_PER_S
+"""Longest simulated time span (s, about 53 days): the engine's clock is int64 picoseconds."""
+
+
 def arrival_source(workload) -> ArrivalSource:
-    """The engine's arrival source for a workload: open-loop times, or closed-loop clients."""
+    """The engine's arrival source for a workload: open-loop times, or closed-loop clients.
+
+    Raises:
+        ConfigError: the arrivals span more simulated time than the engine's clock holds.
+    """
     if workload.concurrency is None:
+        last = float(np.max(workload.arrival_s)) if len(workload.arrival_s) else 0.0
+        if not last <= MAX_SIMULATED_S / 2:
+            raise ConfigError(
+                f"workload: the last request arrives at {last:.3g} s; servesim simulates at most "
+                f"{MAX_SIMULATED_S / 2:.3g} s (~26 days) of arrivals: raise the rate or rate_scale"
+            )
         times = np.rint(np.asarray(workload.arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
         return ArrivalSource(times=times, num_requests=len(times))
     return ArrivalSource(

@@ -131,3 +131,35 @@ def test_console_script_exit_status(tmp_path):
                            "run", str(cfg), "--out", str(tmp_path / "o")], capture_output=True, text=True)
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "seed" in proc.stderr
+
+
+def test_out_is_a_file_and_negative_seed(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    (tmp_path / "afile").write_text("x")
+    one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "afile")])
+    with pytest.raises(SystemExit) as info:  # argparse: usage line + one error line, status 2
+        main(["run", str(cfg), "--out", str(tmp_path / "o"), "--seed", "-1"])
+    assert info.value.code == 2
+    assert "expected an integer >= 0" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"engine": {"block_size": 7}}, "engine.block_size"),
+        ({"tensor_parallel_size": 3}, "divisible by tensor parallel size (3)"),
+        ({"engine": {"max_num_batched_tokens": 8}}, "max_num_seqs (1024)"),
+        ({"workload": dict(SMALL["workload"], rate=1e-9)}, "simulates at most"),
+    ],
+)
+def test_settings_vllm_or_the_clock_would_reject(tmp_path, capsys, change, words):
+    cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, **change))
+    assert words in one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+
+
+def test_sweep_with_a_typo_fails_before_running(tmp_path, capsys):
+    write_yaml(tmp_path / "base.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "sweep.yaml", {"base": "base.yaml", "grid": {"engine.max_num_seq": [1, 2]}})
+    err = one_line_error(capsys, ["sweep", str(sweep), "--out", str(tmp_path / "s")])
+    assert "sweep.yaml" in err and "engine.max_num_seq" in err and "unknown key" in err
+    assert not (tmp_path / "s").exists()

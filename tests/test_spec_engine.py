@@ -124,7 +124,7 @@ def test_drafts_truncated_when_the_token_budget_is_short():
     spec = {"method": "draft_model", "num_speculative_tokens": 4, "draft_cost": 0.05, "acceptance": {"alpha": 0.9}}
     for mode in ("run", "step"):
         res = simulate(closed_loop(spec, concurrency=1, num_requests=1, prompt=2, output=200,
-                                   engine={"max_num_batched_tokens": 3}, simulation={"mode": mode}))
+                                   engine={"max_num_batched_tokens": 3, "max_num_seqs": 1}, simulation={"mode": mode}))
         sd = res.summary["spec_decode"]
         assert sd["num_draft_tokens"] == 2 * sd["num_drafts"]  # 1 + 4 tokens cut to the budget of 3
         assert int(res.output.steps.num_tokens.max()) <= 3
@@ -132,10 +132,10 @@ def test_drafts_truncated_when_the_token_budget_is_short():
 
 
 def first_preempting_concurrency(method: str) -> int:
-    for conc in range(10, 40):
+    for conc in range(10, 60):
         cfg = closed_loop({"method": method, "num_speculative_tokens": 15, "acceptance": {"alpha": 0.6}},
                           concurrency=conc, num_requests=4 * conc, prompt=200, output=120,
-                          engine={"num_gpu_blocks_override": 1600, "block_size": 4})
+                          engine={"num_gpu_blocks_override": 6400, "block_size": 1})
         if simulate(cfg).output.requests.preemptions.sum() > 0:
             return conc
     raise AssertionError("no preemption in range")

@@ -16,7 +16,7 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
-    parser.add_argument("--seed", type=int, default=None, help="override the config's seed")
+    parser.add_argument("--seed", type=_seed, default=None, help="override the config's seed (integer >= 0)")
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -41,6 +41,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--no-plot", action="store_true", help="skip latency.png (faster)")
     parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (got {text!r})") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0 (got {value})")
+    return value
 
 
 def parse_overrides(assignments: list[str], speculative_json: str | None, llama_cpp_flags: str | None = None) -> dict:

@@ -70,6 +70,8 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err.get("loc", ()) if not _is_union_tag(part))
     msg = err.get("msg", "invalid value")
+    if msg.startswith("Value error, "):  # pydantic's prefix for our own validators' messages
+        msg = msg[len("Value error, "):]
     kind = err.get("type", "")
     if kind == "extra_forbidden":
         msg = "unknown key"

@@ -36,4 +36,10 @@ def format_summary_table(summary: dict) -> str:
         lines.append(f"{'Goodput (req/s)':<28}{summary['goodput']:.2f}")
         lines.append(f"{'SLO attainment':<28}{100 * summary.get('slo_attainment', 0.0):.1f}%")
     lines.append(f"{'Saturated':<28}{'yes' if summary.get('saturated') else 'no'}")
+    spec = summary.get("spec_decode")
+    if spec and spec.get("num_drafts"):
+        rates = ", ".join(f"{r:.3f}" for r in spec.get("per_position_acceptance_rate") or [])
+        lines.append(f"{'Mean acceptance length':<28}{spec['mean_acceptance_length']:.2f}")
+        lines.append(f"{'Draft acceptance rate':<28}{100 * spec['draft_acceptance_rate']:.1f}%")
+        lines.append(f"{'Per-position acceptance':<28}{rates}")
     return "\n".join(lines)

@@ -260,10 +260,10 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
     xs = data[along].dropna()
     if len(xs) and xs.min() > 0 and xs.max() / xs.min() >= 16:
-        from matplotlib.ticker import ScalarFormatter
+        from matplotlib.ticker import FuncFormatter
 
         ax.set_xscale("log", base=2)
-        ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.set_xlabel(label or along)
     ax.set_ylabel("speedup (output tokens/s, spec / plain)")
     ax.set_title("Speculative decoding speedup")

@@ -146,6 +146,20 @@ def _write_failures(out_dir: Path, failures: list[Failure]) -> None:
     write_csv(frame, path)
 
 
+def _check_configs(loaded: LoadedSweep, points: list) -> None:
+    """Validate every point's run config up front.
+
+    Raises:
+        ConfigError: one line naming the sweep file, the point's overrides and the bad field.
+    """
+    from servesim.config.loading import validate
+    from servesim.config.models import SimConfig
+
+    for point in points:
+        overrides = ", ".join(f"{k}={v!r}" for k, v in point.overrides().items()) or "base"
+        validate(SimConfig, point_config(loaded, point), f"{loaded.source} (point {overrides})")
+
+
 def run_sweep(
     sweep: str | Path | SweepConfig | LoadedSweep,
     out_dir: str | Path,
@@ -180,10 +194,12 @@ def run_sweep(
 
     loaded = _load(sweep)
     out = Path(out_dir)
-    (out / "points").mkdir(parents=True, exist_ok=True)
     points = expand_points(loaded)
-    _write_manifest(out, loaded, points)
     simulate = simulate if simulate is not None else _default_simulate()
+    if getattr(simulate, "__module__", "") == "servesim.api":
+        _check_configs(loaded, points)  # a typo in a swept key fails here, once, before any run
+    (out / "points").mkdir(parents=True, exist_ok=True)
+    _write_manifest(out, loaded, points)
 
     tasks: list[Task] = []
     for point in points:
