@@ -381,6 +381,12 @@ class Engine:
                     raise RuntimeError("engine invariant broken: two running requests are mid-prefill")
                 self.partial = r  # at most one, the last admitted (see the module docstring)
 
+    def _fallback(self) -> None:
+        """One plain step on materialised per-request state, then back to the aggregate (rare cases)."""
+        self._materialize()
+        self._explicit_step()
+        self._aggregate()
+
     def _next_finish(self) -> int:
         """Step at which the first aggregated decoder emits its last token (skips stale heap entries)."""
         heap, fing = self.heap, self.fing
@@ -417,9 +423,7 @@ class Engine:
         B = self.B
         budget = self.M - B
         if budget < 0:  # the token budget cannot serve every decoder: per-request order matters
-            self._materialize()
-            self._explicit_step()
-            self._aggregate()
+            self._fallback()
             return
         g = self.G
         bs = self.bs

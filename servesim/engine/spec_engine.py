@@ -1,9 +1,9 @@
 """Speculative decoding in the engine (vLLM V1 semantics, see ``vllm-semantics.md``).
 
 In every step, each decoding request schedules ``1 + k`` tokens: its last sampled token and the ``k``
-drafts the drafter proposed in the previous step (with a draft tree, all the tree's nodes: the verify width
-grows with the branching while at most ``k`` = depth drafts can be accepted) (fewer when the token budget is short; none for an
-n-gram round without a match). The target verifies them in the same forward pass; the request accepts a
+drafts the drafter proposed in the previous step (a draft tree schedules all its nodes: the verify width
+grows with the branching while at most ``k`` = depth drafts can be accepted), fewer when the token budget
+is short, none in an n-gram round without a match. The target verifies them in the same forward pass; the request accepts a
 prefix of ``a`` drafts and samples one more token, so it emits ``1 + a`` tokens and its computed tokens
 advance by ``1 + a`` (rejected drafts roll back ``num_computed_tokens`` but keep their KV blocks). KV slots
 are allocated for ``num_computed + scheduled + lookahead`` tokens, with ``lookahead = K`` (the static
@@ -498,11 +498,6 @@ class SpecEngine(Engine):
                 tab[t] = self.st.base_ps(t, t)
             vals = tab[tok]
         return vals
-
-    def _fallback(self) -> None:
-        self._materialize()
-        self._explicit_step()
-        self._aggregate()
 
     def _fast_step(self) -> None:  # type: ignore[override]
         g = self.G
