@@ -44,13 +44,23 @@ def run_once(rate_scale: float, spec: bool) -> tuple[float, float]:
     return wall, usage.ru_maxrss / 1024.0  # ru_maxrss is in KiB on Linux
 
 
+def reference_loop_s() -> float:
+    """Seconds this machine takes for a 3-million-iteration Python loop (to compare machines and moments)."""
+    t0 = time.perf_counter()
+    x = 0
+    for i in range(3_000_000):
+        x += i
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--spec", action="store_true", help="also time EAGLE k=3 speculative decoding")
     args = parser.parse_args()
     variants = [(1.0, False), (4.0, False)] + ([(1.0, True), (4.0, True)] if args.spec else [])
-    print(f"servesim run --no-plot, Azure conversation trace ({REQUESTS:,} requests), {os.cpu_count()} CPUs")
+    print(f"servesim run --no-plot, Azure conversation trace ({REQUESTS:,} requests), {os.cpu_count()} CPUs, "
+          f"reference 3M-iteration Python loop {reference_loop_s():.2f} s")
     print(f"{'rate':>5} {'speculation':>12} {'wall s (median)':>16} {'requests / wall s':>18} {'peak MB':>8}")
     for rate, spec in variants:
         runs = [run_once(rate, spec) for _ in range(args.repeats)]

@@ -76,6 +76,10 @@ class SpecSetup:
     draft_budget_limit: bool = False
 
 
+SHORT_RUN = 24
+"""Runs of at most this many decode steps are summed in plain Python (numpy's per-call cost dominates)."""
+
+
 class SpecEngine(Engine):
     """The engine with speculative decoding (see the module docstring). Same arguments as
     :class:`~servesim.engine.core.Engine` plus ``spec``."""
@@ -545,6 +549,9 @@ class SpecEngine(Engine):
             # steps can pass before t_lim: evaluate no more than that
             d_first = st.base_ps(B, B) + (st.kv_ps_per_token + kd) * int(self.NCB[g])
             n = min(n, (t_lim - t0) // max(d_first, 1) + 2)
+        if n <= SHORT_RUN and not self.var_q:
+            self._short_run(g, B, n, t_lim, k_step, k_new, kd)
+            return
         end = g + n
         ncb = self.NCB[g:end]
         if self.var_q:
@@ -588,6 +595,42 @@ class SpecEngine(Engine):
         self.G = g + n
         self.k_next = k_new
         self._finish_decoders(g + n - 1, t1)
+
+    def _short_run(self, g: int, B: int, n: int, t_lim, k_step: int, k_new: int, kd: int) -> None:
+        """:meth:`_spec_run` for at most SHORT_RUN steps with a fixed verify width, in plain integers: the
+        same sums, step by step, without the per-call cost of numpy on a handful of elements."""
+        st, dr = self.st, self.spec.drafter
+        t0 = self.now
+        q = self.width[k_step] + 1
+        tok0 = B * q
+        const = (st.base_ps(tok0, tok0) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
+                 + dr.const_ps(tok0, B, k_new))
+        slope = st.kv_ps_per_token + kd + st.attn_ps_per_pair * q
+        ncb = self.NCB[g:g + n].tolist()
+        nb = self.NB[g:g + n].tolist()
+        free, t, m = self.free, t0, 0
+        durations = []
+        for i in range(n):
+            if nb[i] > free:  # this step's block allocation would fail: the run ends before it
+                break
+            free -= nb[i]
+            d = const + slope * ncb[i]
+            durations.append(d)
+            t += d
+            m += 1
+            if t_lim is not None and t >= t_lim:
+                break
+        self.free = free
+        used = self.total_blocks - free
+        d0 = durations[0]
+        itl = B - self._flush_stale(t0 + d0)
+        inc = (durations[-1] - d0) // (m - 1) if m > 1 else 0
+        self.rows.append((t0, m, d0, inc, t - t0, B, tok0, 0, itl, used, len(self.waiting), 0, k_step))
+        self.dur_chunks.append(durations)
+        self.now = t
+        self.G = g + m
+        self.k_next = k_new
+        self._finish_decoders(g + m - 1, t)
 
     def _spec_preempt(self, g: int, need_p: int, p_scheduled: bool) -> tuple[int, bool]:
         """Aggregated preemption (see Engine._preempt_aggregated), with per-decoder block needs."""
