@@ -130,3 +130,47 @@ def test_same_inputs_same_outputs():
     for name in ("arrival_s", "first_token_s", "finish_s", "preemptions"):
         np.testing.assert_array_equal(getattr(a.requests, name), getattr(b.requests, name))
     np.testing.assert_array_equal(a.steps.duration_s, b.steps.duration_s)
+
+
+spec_configs = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 2**31 - 1),
+        "method": st.sampled_from(["eagle", "ngram", "mtp", "eagle3"]),
+        "k": st.integers(1, 6),
+        "blocks": st.integers(300, 3000),
+        "budget": st.sampled_from([64, 512, 8192]),
+        "rate": st.floats(1.0, 80.0),
+        "schedule": st.booleans(),
+        "tree": st.booleans(),
+    }
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(spec_configs)
+def test_speculation_keeps_tokens_and_modes_agree(c):
+    from servesim import simulate
+
+    spec = {"method": c["method"], "num_speculative_tokens": c["k"]}
+    if c["schedule"]:
+        spec["num_speculative_tokens_per_batch_size"] = [[1, 4, c["k"]], [5, 16, max(c["k"] - 1, 0)], [17, 4096, 0]]
+    elif c["tree"] and c["method"] != "ngram":
+        spec = {"method": c["method"], "draft_tree": [2] * min(c["k"], 3)}
+    cfg = {
+        "hardware": "h100-sxm",
+        "model": "llama-3.1-8b",
+        "seed": c["seed"],
+        "engine": {"num_gpu_blocks_override": c["blocks"], "max_num_batched_tokens": c["budget"], "max_num_seqs": 64},
+        "workload": {"type": "poisson", "rate": c["rate"], "num_requests": 60,
+                     "prompt_tokens": {"type": "uniform", "low": 1, "high": 3000},
+                     "output_tokens": {"type": "uniform", "low": 1, "high": 400}},
+        "speculative_config": spec,
+    }
+    run = simulate(cfg)
+    step = simulate(dict(cfg, simulation={"mode": "step"}))
+    r = run.output.requests
+    assert np.all(r.generated_tokens == r.output_tokens) and not np.isnan(r.finish_s).any()
+    for name in ("first_scheduled_s", "first_token_s", "finish_s", "preemptions"):
+        np.testing.assert_array_equal(getattr(r, name), getattr(step.output.requests, name))
+    assert run.output.spec_counters == step.output.spec_counters
+    assert (run.output.steps.kv_blocks_used <= c["blocks"]).all()
