@@ -109,3 +109,24 @@ def test_plot_command_errors_are_one_line(tmp_path, capsys):
     assert main(["plot", str(sweep), "--along", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and "summary.csv" in err[0] and "--along" in err[1]
+
+
+def test_per_position_acceptance_bars(tmp_path):
+    import pandas as pd
+
+    from servesim.plots.acceptance import acceptance_table, plot_acceptance
+    from servesim.sweep.tables import flatten_metrics
+
+    flat = flatten_metrics({"spec_decode": {"per_position_acceptance_rate": [0.6, 0.4], "num_drafts": 10}})
+    assert flat == {"spec_decode.per_position_acceptance_rate.1": 0.6,
+                    "spec_decode.per_position_acceptance_rate.2": 0.4, "spec_decode.num_drafts": 10}
+    summary = pd.DataFrame([
+        {"variant": "eagle", "spec_decode.per_position_acceptance_rate.1": 0.6, "spec_decode.per_position_acceptance_rate.2": 0.4},
+        {"variant": "eagle", "spec_decode.per_position_acceptance_rate.1": 0.8, "spec_decode.per_position_acceptance_rate.2": 0.2},
+        {"variant": "plain", "spec_decode.per_position_acceptance_rate.1": None, "spec_decode.per_position_acceptance_rate.2": None},
+    ])
+    table = acceptance_table(summary, ["variant"])
+    assert table["group"].tolist() == ["variant=eagle"] * 2 and table["position"].tolist() == [1, 2]
+    assert table["acceptance_rate"].tolist() == pytest.approx([0.7, 0.3]) and table["runs"].tolist() == [2, 2]
+    plot_acceptance(table, tmp_path / "acceptance.png")
+    assert (tmp_path / "acceptance.png").stat().st_size > 5000 and (tmp_path / "acceptance.csv").exists()

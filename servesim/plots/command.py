@@ -8,6 +8,8 @@ Writes into DIR (or ``--out``), each figure as PNG and SVG with its data as CSV:
   swept column), 95% bands over replications; ``--slo ttft_p99=0.5`` draws dashed targets.
 * ``speedup`` (only with ``speedup.csv``): speedup against ``--along``, crossover marked.
 * ``heatmap_<metric>`` for each ``--heatmap x=KEY,y=KEY,metric=COL``.
+* ``acceptance``: per-position acceptance bars (vLLM's unconditional rates) of each variant, when the
+  sweep ran speculative decoding.
 """
 
 from __future__ import annotations
@@ -105,6 +107,13 @@ def run(args: argparse.Namespace) -> int:
                 value = float(g["crossover"].iloc[0])
                 print(f"{group}: " + (f"speculation hurts above {sp_along} = {value:.4g}" if value == value
                                       else "speculation never hurts in the range"))
+    from servesim.plots.acceptance import acceptance_table, plot_acceptance
+
+    accept = acceptance_table(summary, ["variant"] if summary["variant"].nunique() > 1 else [])
+    if not accept.empty:
+        path = Path(out) / "acceptance.png"
+        plot_acceptance(accept, path)
+        written.append(path)
     for h in heatmaps:
         panel_cols = [c for c in columns if c not in (h["x"], h["y"])]
         if summary["variant"].nunique() > 1:

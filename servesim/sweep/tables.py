@@ -26,7 +26,8 @@ SPEEDUP_METRIC = "output_throughput"
 def flatten_metrics(summary: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """Flatten nested mappings of scalars: ``{"ttft_s": {"p99": 0.2}}`` -> ``{"ttft_s.p99": 0.2}``.
 
-    Lists and other non-scalar values are left out (they have no single cell).
+    Lists of numbers become one column per position, numbered from 1
+    (``spec_decode.per_position_acceptance_rate.1``, ...); other lists and non-scalar values are left out.
     """
     flat: dict[str, Any] = {}
     for key, value in summary.items():
@@ -35,6 +36,11 @@ def flatten_metrics(summary: Mapping[str, Any], prefix: str = "") -> dict[str, A
             flat.update(flatten_metrics(value, f"{name}."))
         elif value is None or isinstance(value, (bool, int, float, str)):
             flat[name] = value
+        elif isinstance(value, (list, tuple)) and value and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in value
+        ):
+            for i, v in enumerate(value, start=1):
+                flat[f"{name}.{i}"] = v
     return flat
 
 
