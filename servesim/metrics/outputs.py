@@ -7,14 +7,13 @@ name with :func:`os.replace` (atomic on POSIX and Windows), so a crash never lea
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable
 from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
 
+from servesim.atomic import atomic_file
 from servesim.engine.output import EngineOutput, StepLog
 from servesim.metrics.csv_text import csv_chunks
 from servesim.metrics.latencies import request_latencies
@@ -56,19 +55,9 @@ def atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
     Raises:
         OSError: the folder is not writable, the disk is full, ...
     """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            for chunk in chunks:
-                handle.write(chunk)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    with atomic_file(path, "wb") as handle:
+        for chunk in chunks:
+            handle.write(chunk)
 
 
 def write_outputs(out: EngineOutput, summary: dict, out_dir: Path) -> None:

@@ -6,10 +6,10 @@ matplotlib is imported inside :func:`pyplot` only (its import costs ~0.5 s), wit
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from servesim.atomic import atomic_file
 
 #: Colours of the p50 and p99 markers.
 P50_COLOR = "tab:green"
@@ -42,18 +42,9 @@ def save_figure(fig: Any, path: Path, dpi: int = 120) -> Path:
         OSError: the folder cannot be written.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as handle:
+        with atomic_file(path, "wb") as handle:
             fig.savefig(handle, format="png", dpi=dpi, bbox_inches="tight")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
     finally:
         import matplotlib.pyplot as plt
 
