@@ -146,7 +146,7 @@ spec_configs = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(spec_configs)
 def test_speculation_keeps_tokens_and_modes_agree(c):
     from servesim import simulate

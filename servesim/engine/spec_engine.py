@@ -98,6 +98,9 @@ class SpecEngine(Engine):
         self.k_next = self.K if spec.schedule.entries is None else spec.schedule.k_for(1)
         self.off = np.concatenate(([0], np.cumsum(np.asarray(self.O, dtype=np.int64))[:-1])).tolist() if n else []
         self.rounds = [0] * n
+        # drafted[r]: the drafter has proposed tokens for r (it sampled when last scheduled). A request
+        # recomputing after a preemption has none, even when one token of its recompute is left.
+        self.drafted = [False] * n
         self.acc_table: list = [None] * n  # per request: (first round, int array of A values)
         self.num_drafts = 0
         self.num_draft_tokens = 0
@@ -125,6 +128,10 @@ class SpecEngine(Engine):
                 raise ValueError(
                     f"a request of {longest} tokens (with {L} lookahead slots) needs more KV blocks than the cache holds"
                 )
+
+    def _preempt(self, victim: int) -> int:  # type: ignore[override]
+        self.drafted[victim] = False
+        return super()._preempt(victim)
 
     # ------------------------------------------------------------------ acceptance
     def _start_decode(self, r: int) -> None:
@@ -178,6 +185,7 @@ class SpecEngine(Engine):
     # ------------------------------------------------------------------ the plain step, with speculation
     def _explicit_step(self) -> None:
         P, O, gen, nc, blk, bs, L = self.P, self.O, self.gen, self.nc, self.blk, self.bs, self.L
+        drafted = self.drafted
         running, waiting = self.running, self.waiting
         t0 = self.now
         nwait = len(waiting)
@@ -191,7 +199,7 @@ class SpecEngine(Engine):
         while idx < len(order) and budget > 0:
             r = order[idx]
             d = a_full = 0
-            if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
+            if drafted[r] and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
                 a_full = self._a(r)
                 d = 0 if (k_step == 0 or a_full < 0) else self.width[k_step]
                 if self.budget_limit and d > O[r] - gen[r] - 1:
@@ -234,7 +242,7 @@ class SpecEngine(Engine):
             tokens += n
             kv += c + n
             pairs += n * c + n * (n + 1) // 2
-            is_decode = gen[r] >= 1 and c == P[r] + gen[r] - 1
+            is_decode = drafted[r] and c == P[r] + gen[r] - 1
             if is_decode:
                 logits += n
                 nsamp += 1
@@ -250,7 +258,7 @@ class SpecEngine(Engine):
         itl = 0
         for r, n, d, a_full in sched:
             c = nc[r]
-            if gen[r] >= 1 and c == P[r] + gen[r] - 1:
+            if drafted[r] and c == P[r] + gen[r] - 1:
                 acc = min(d, k_step, a_full) if a_full > 0 else 0
                 self._count(d, acc)
                 self.rounds[r] += 1
@@ -267,6 +275,7 @@ class SpecEngine(Engine):
             else:
                 nc[r] = c + n
                 if nc[r] == P[r] + gen[r]:
+                    self.drafted[r] = True  # it samples now: the drafter proposes for it
                     if not self._emit(r, t0, t1):
                         self._start_decode(r)
         self.k_next = k_new
@@ -311,7 +320,7 @@ class SpecEngine(Engine):
             J = remaining
             acc = None
             ncb = np.arange(nc0, nc0 + J, dtype=np.int64)
-            q = 1
+            q = np.ones(J, dtype=np.int64) if self.var_q else 1
         else:
             if self.var_q:
                 d = np.where(a_full < 0, 0, self.width[k])
@@ -471,7 +480,7 @@ class SpecEngine(Engine):
         P, gen, nc, now, last = self.P, self.gen, self.nc, self.now, self.last_emit
         self.k_agg = self.k_next
         for r in self.running:
-            if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:
+            if self.drafted[r] and nc[r] == P[r] + gen[r] - 1:
                 self._join(r, self.G)
                 if last[r] != now:
                     self.stale[r] = last[r]
@@ -716,6 +725,7 @@ class SpecEngine(Engine):
         for r, n in sched:
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
+                self.drafted[r] = True  # it samples now: the drafter proposes for it
                 if not self._emit(r, t0, t1):
                     self._start_decode(r)
                     self._join(r, g + 1)
