@@ -45,6 +45,9 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
         prog="servesim",
         description="Simulate an LLM inference server (vLLM-style) and report TTFT, TPOT, ITL, throughput.",
     )
+    from servesim import __version__
+
+    parser.add_argument("--version", action="version", version=f"servesim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     modules: dict[str, object] = {}
