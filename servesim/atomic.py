@@ -41,3 +41,18 @@ def atomic_file(path: str | Path, mode: str = "wb", *, fsync: bool = False, **op
         except FileNotFoundError:
             pass
         raise
+
+
+def write_text_output(path: str | Path, text: str) -> None:
+    """Write a command's output file atomically (folders created).
+
+    Raises:
+        ConfigError: the file cannot be written (one line naming it).
+    """
+    from servesim.errors import ConfigError
+
+    try:
+        with atomic_file(path, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write file ({exc.strerror})") from None

@@ -14,7 +14,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from servesim.cards import (
-    HardwareCard,
     ModelCard,
     available_hardware,
     available_models,

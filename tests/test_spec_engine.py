@@ -65,7 +65,6 @@ def test_per_position_rates_reproduce_the_profile():
     ],
 )
 def test_speculation_changes_only_time(spec):
-    rng = np.random.default_rng(np.random.SeedSequence(1))
     cfg = {
         "hardware": "h100-sxm",
         "model": "llama-3.1-8b",

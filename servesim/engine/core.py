@@ -218,6 +218,26 @@ class Engine:
         self.stale = {}
         return count
 
+    def _make_room(self, order: list[int], r: int, need: int, free: int) -> tuple[int, int, bool]:
+        """vLLM's allocation for running request ``r`` in a plain step: while the pool cannot give it
+        ``need`` blocks in all, preempt the last request of ``order`` (the running list being walked).
+
+        Returns:
+            (free blocks left, requests preempted, whether ``r`` itself was preempted: then scheduling of
+            running requests stops for this step).
+        """
+        preempted = 0
+        while need - self.blk[r] > free:
+            victim = order.pop()
+            free += self._preempt(victim)
+            preempted += 1
+            if victim == r:
+                return free, preempted, True
+        if need > self.blk[r]:
+            free -= need - self.blk[r]
+            self.blk[r] = need
+        return free, preempted, False
+
     def _preempt(self, victim: int) -> int:
         """Preempt running request ``victim`` by recompute: free its blocks, reset its computed tokens, put
         it at the FRONT of the waiting queue (vLLM V1). Returns the blocks it held."""
@@ -262,7 +282,7 @@ class Engine:
     # ------------------------------------------------------------------ the plain step (step mode)
     def _explicit_step(self) -> None:
         """One vLLM V1 engine step on per-request state."""
-        P, gen, nc, blk, bs = self.P, self.gen, self.nc, self.blk, self.bs
+        P, gen, nc, bs = self.P, self.gen, self.nc, self.bs
         running, waiting = self.running, self.waiting
         t0 = self.now
         nwait = len(waiting)
@@ -277,19 +297,10 @@ class Engine:
             n = P[r] + gen[r] - nc[r]
             if n > budget:
                 n = budget
-            need = -(-(nc[r] + n) // bs)
-            stop = False
-            while need - blk[r] > free:
-                victim = order.pop()
-                free += self._preempt(victim)
-                preempted += 1
-                if victim == r:
-                    stop = True
-                    break
+            free, count, stop = self._make_room(order, r, -(-(nc[r] + n) // bs), free)
+            preempted += count
             if stop:
                 break
-            free -= need - blk[r]
-            blk[r] = need
             sched.append((r, n))
             budget -= n
             idx += 1

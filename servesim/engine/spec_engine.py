@@ -184,7 +184,7 @@ class SpecEngine(Engine):
 
     # ------------------------------------------------------------------ the plain step, with speculation
     def _explicit_step(self) -> None:
-        P, O, gen, nc, blk, bs, L = self.P, self.O, self.gen, self.nc, self.blk, self.bs, self.L
+        P, O, gen, nc, bs, L = self.P, self.O, self.gen, self.nc, self.bs, self.L
         drafted = self.drafted
         running, waiting = self.running, self.waiting
         t0 = self.now
@@ -212,20 +212,10 @@ class SpecEngine(Engine):
                 n = P[r] + gen[r] - nc[r]
                 if n > budget:
                     n = budget
-            need = -(-(nc[r] + n + L) // bs)
-            stop = False
-            while need - blk[r] > free:
-                victim = order.pop()
-                free += self._preempt(victim)
-                preempted += 1
-                if victim == r:
-                    stop = True
-                    break
+            free, count, stop = self._make_room(order, r, -(-(nc[r] + n + L) // bs), free)
+            preempted += count
             if stop:
                 break
-            if need > blk[r]:
-                free -= need - blk[r]
-                blk[r] = need
             sched.append((r, n, d, a_full))
             budget -= n
             idx += 1

@@ -135,7 +135,6 @@ def _float_parts(x: np.ndarray, sig: int = SIGNIFICANT_DIGITS) -> list[np.ndarra
     fraction digits ``F`` (trailing zeros removed), each laid out in a fixed-width block padded with 0.
     """
     x = x.astype(np.float64, copy=False)
-    n = x.shape[0]
     nan = np.isnan(x)
     if np.isinf(x).any():
         return [_fallback_chars(x)]

@@ -97,11 +97,9 @@ def _emit(text: str, out: Path | None) -> None:
     if out is None:
         print(text, end="")
         return
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{out}: cannot write file ({exc.strerror})") from None
+    from servesim.atomic import write_text_output
+
+    write_text_output(out, text)
     print(f"wrote {out}")
 
 
@@ -197,10 +195,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is None:
         print(text, end="")
     else:
-        try:
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            args.out.write_text(text, encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{args.out}: cannot write file ({exc.strerror})") from None
+        from servesim.atomic import write_text_output
+
+        write_text_output(args.out, text)
         print(f"wrote {args.out}")
     return 0
