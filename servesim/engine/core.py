@@ -511,6 +511,11 @@ class Engine:
             self.last_emit[r] = t1
             self._finish(r, t1)
 
+    def _need_at(self, r: int, g: int) -> int:
+        """New KV blocks aggregated decoder ``r`` allocates at step ``g`` (1 when its context crosses a
+        block boundary)."""
+        return 1 if self.a[r] % self.bs == (1 - g) % self.bs else 0
+
     def _preempt_aggregated(self, g: int, nb: int, need_p: int, p_scheduled: bool) -> tuple[int, int, bool]:
         """vLLM's preemption when the step's allocations do not fit, on the aggregate.
 
@@ -522,7 +527,7 @@ class Engine:
         Returns:
             (preempted count, new blocks still needed by the remaining decoders, partial still scheduled).
         """
-        bs, now = self.bs, self.now
+        now = self.now
         free = self.free
         victims = []
         p = self.partial
@@ -532,14 +537,11 @@ class Engine:
             self.partial = None
             p_scheduled = False
         if nb > free:
-            phase = (1 - g) % bs
             for v in reversed(self.running):
                 if v == p:
                     continue
                 last = self.stale.pop(v, now)
-                a = self.a[v]
-                if a % bs == phase:
-                    nb -= 1
+                nb -= self._need_at(v, g)
                 free += self._leave(v, g)
                 self.last_emit[v] = last
                 victims.append(v)

@@ -631,34 +631,6 @@ class SpecEngine(Engine):
         self.k_next = k_new
         self._finish_decoders(g + m - 1, t)
 
-    def _spec_preempt(self, g: int, need_p: int, p_scheduled: bool) -> tuple[int, bool]:
-        """Aggregated preemption (see Engine._preempt_aggregated), with per-decoder block needs."""
-        now = self.now
-        free = self.free
-        nb = int(self.NB[g]) if self.B else 0
-        victims = []
-        p = self.partial
-        if p is not None and (nb > free or (p_scheduled and nb + need_p > free)):
-            victims.append(p)
-            free += self.blk[p]
-            self.partial = None
-            p_scheduled = False
-        if nb > free:
-            for v in reversed(self.running):
-                if v == p:
-                    continue
-                nb -= self._need_at(v, g)
-                last = self.stale.pop(v, now)
-                free += self._leave(v, g)
-                self.last_emit[v] = last
-                victims.append(v)
-                if nb <= free:
-                    break
-        for v in victims:  # their blocks are already counted in ``free``
-            self._preempt(v)
-        self.free = free
-        return len(victims), p_scheduled
-
     def _spec_mixed_step(self, g: int) -> None:
         P, gen, nc, blk, bs, L = self.P, self.gen, self.nc, self.blk, self.bs, self.L
         t0 = self.now
@@ -674,7 +646,7 @@ class SpecEngine(Engine):
         nb = int(self.NB[g]) if self.B else 0
         preempted = 0
         if nb + (need_p if p_scheduled else 0) > self.free:
-            preempted, p_scheduled = self._spec_preempt(g, need_p, p_scheduled)
+            preempted, _, p_scheduled = self._preempt_aggregated(g, nb, need_p, p_scheduled)
         B = self.B
         t_dec, ctx, pairs = self._dec_sums(g)
         nb = int(self.NB[g]) if B else 0
