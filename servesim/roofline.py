@@ -16,8 +16,8 @@ once per request per step also when it verifies ``1 + k`` tokens; ``pairs_i`` is
 (query, key) pairs of its new tokens: ``q * c + q * (q + 1) / 2`` for ``q`` new tokens after ``c``
 computed ones; ``n_logits`` the positions whose logits are computed (one per sampling request, ``1 + k``
 when verifying drafts). ``t_allreduce`` is two ring all-reduces per layer of ``T x hidden`` activations:
-``2 L (latency + 2 (TP-1)/TP * T * D * b / (eta_ic * BW_ic / 2))``. Sources: ``roofline.md`` of the
-reference data; Vidur's profiled H100 efficiencies; vLLM V1 per-step overhead.
+``2 L (latency + 2 (TP-1)/TP * T * D * b / (eta_ic * BW_ic / 2))``. Sources: ``docs/reference/roofline.md``
+(the project's reference notes); Vidur's profiled H100 efficiencies; vLLM V1 per-step overhead.
 
 The ``ideal`` mode is the seed lesson's form (Example 12): efficiency 1, no overhead, no KV traffic, no
 attention or all-reduce term, ``t = max(W / BW, T * F_token / P)``.

@@ -228,7 +228,7 @@ def test_summary_is_plain_json():
 
 
 def test_spec_decode_counters_to_rates():
-    # the example log line of vllm-semantics.md: 1650 accepted of 3000 drafted over 1000 drafts, k = 3
+    # the example log line of docs/reference/vllm-semantics.md: 1650 accepted of 3000 drafted over 1000 drafts, k = 3
     rates = spec_decode_summary({"num_drafts": 1000, "num_draft_tokens": 3000, "num_accepted_tokens": 1650,
                                  "num_accepted_tokens_per_pos": [750, 530, 370]})
     assert rates["mean_acceptance_length"] == pytest.approx(2.65, rel=REL)

@@ -17,7 +17,7 @@ from servesim.speculation.profile import (
     sample_accepted,
 )
 
-# name -> (K, AL printed in acceptance-profiles.md)
+# name -> (K, AL printed in docs/reference/acceptance-profiles.md)
 TABLE = {
     "eagle-llama3.1-8b-sharegpt-k3": (3, 2.25),
     "eagle-llama3.1-8b-sharegpt-k5": (5, 2.48),

@@ -49,7 +49,7 @@ How to measure on your own server:
   ...``: this calibrates the whole server, overhead included, but only on decode-dominated steps (add a
   CSV with prefill chunks to pin ``compute_efficiency``).
 
-Sources: roofline form and factor ranges from ``shared/data/reference/roofline.md`` (Vidur's profiled H100
+Sources: roofline form and factor ranges from ``docs/reference/roofline.md`` (Vidur's profiled H100
 GEMMs, vLLM PR 16937, vLLM V1 blog); result keys from vLLM's ``benchmarks/serve`` result JSON.
 """
 

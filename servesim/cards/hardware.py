@@ -1,7 +1,7 @@
 """Hardware card: one accelerator's vendor peaks and servesim's calibration factors.
 
 The peaks are the vendor's DENSE numbers (no 2:4 sparsity) at boost clock, from
-``shared/data/reference/gpus.csv`` (NVIDIA, AMD and Intel datasheets; see ``hardware/README.md``). What a
+``docs/reference/gpus.csv`` (NVIDIA, AMD and Intel datasheets; see ``hardware/README.md``). What a
 real server reaches is modelled by separate, named calibration fields, never folded into the peaks.
 """
 
@@ -22,7 +22,7 @@ _GIB = 2**30
 def vllm_default_scheduler_limits(name: str, memory_bytes: float) -> tuple[int, int]:
     """vLLM's OpenAI-API-server defaults ``(max_num_batched_tokens, max_num_seqs)`` for one GPU.
 
-    Rule (``vllm/engine/arg_utils.py``, summarised in ``shared/data/reference/vllm-semantics.md``):
+    Rule (``vllm/engine/arg_utils.py``, summarised in ``docs/reference/vllm-semantics.md``):
     >= 160 GiB of device memory (B200, MI300X, MI325X): 16384 / 1024; >= 70 GiB and not an A100 (H100,
     H200, Gaudi 3): 8192 / 1024; otherwise (A100, L40S, L4 and smaller): 2048 / 256.
 

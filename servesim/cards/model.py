@@ -418,7 +418,7 @@ class ModelCard(BaseModel):
 
         Default (upper bound, every token picks experts no other token picked):
         ``min(num_tokens x num_experts_per_tok, num_experts)``. With ``expected=True``, the mean under
-        independent uniform routing: ``E x (1 - (1 - k/E)^num_tokens)`` (shared-data/reference roofline.md).
+        independent uniform routing: ``E x (1 - (1 - k/E)^num_tokens)`` (``docs/reference/roofline.md``).
         0 for a dense model.
 
         Args:
@@ -483,7 +483,7 @@ class ModelCard(BaseModel):
         GQA: ``2 x (layers - sliding_window_layers) x num_key_value_heads x head_dim x kv bytes``;
         MLA: ``layers x (kv_lora_rank + qk_rope_head_dim) x kv bytes`` (one latent per token per layer);
         explicit card: the given ``kv_bytes_per_token``. Sliding-window layers are in
-        :attr:`kv_bytes_per_token_sliding`. Source: shared/data/reference SOURCES.md, roofline.md.
+        :attr:`kv_bytes_per_token_sliding`. Source: ``docs/reference/SOURCES.md``, ``docs/reference/roofline.md``.
         """
         if self.explicit_kv_bytes_per_token is not None:
             return self.explicit_kv_bytes_per_token
@@ -552,7 +552,7 @@ class ModelCard(BaseModel):
         GQA: ``4 x layers x num_attention_heads x head_dim`` (QK^T and PV, 2 FLOPs per multiply-add each);
         MLA, naive (non-absorbed) form as in prefill: ``2 x layers x heads x (qk_nope + qk_rope +
         v_head_dim)``. Sliding-window layers are in :attr:`attention_flops_per_pair_sliding` (their key
-        count is capped at ``sliding_window``). Explicit card: 0. Source: shared/data/reference roofline.md.
+        count is capped at ``sliding_window``). Explicit card: 0. Source: ``docs/reference/roofline.md``.
         """
         if self.is_explicit:
             return 0.0

@@ -1,6 +1,6 @@
 """The engine of one model replica: vLLM V1 scheduling over a paged KV cache, advanced by SimPy.
 
-Scheduling follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``, see ``vllm-semantics.md``):
+Scheduling follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``, see ``docs/reference/vllm-semantics.md``):
 
 * every step walks the RUNNING requests in admission order, giving each the tokens it still has to
   compute (``prompt + generated - num_computed``: 1 for a decoding request, a chunk of the prompt for a

@@ -1,4 +1,4 @@
-"""Speculative decoding in the engine (vLLM V1 semantics, see ``vllm-semantics.md``).
+"""Speculative decoding in the engine (vLLM V1 semantics, see ``docs/reference/vllm-semantics.md``).
 
 In every step, each decoding request schedules ``1 + k`` tokens: its last sampled token and the ``k``
 drafts the drafter proposed in the previous step (a draft tree schedules all its nodes: the verify width

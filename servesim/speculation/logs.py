@@ -3,7 +3,7 @@
 Three sources, one result (:class:`SpecDecodeCounts`), turned into an
 :class:`~servesim.speculation.profile.AcceptanceProfile` by :meth:`SpecDecodeCounts.to_profile`.
 
-**vLLM log lines** (``vllm/v1/spec_decode/metrics.py``; ``vllm-semantics.md``). Each logging interval
+**vLLM log lines** (``vllm/v1/spec_decode/metrics.py``; ``docs/reference/vllm-semantics.md``). Each logging interval
 prints, with the counters reset after each line::
 
     SpecDecoding metrics: Mean acceptance length: 2.65, Accepted throughput: 82.50 tokens/s, Drafted

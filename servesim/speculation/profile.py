@@ -1,6 +1,6 @@
 """Per-position acceptance profiles: what fraction of drafted tokens the target accepts, by draft position.
 
-Conventions (``/work/shared/data/reference/acceptance-profiles.md``, vLLM ``v1/spec_decode/metrics.py``):
+Conventions (``docs/reference/acceptance-profiles.md``, vLLM ``v1/spec_decode/metrics.py``):
 
 * ``per_position_acceptance`` holds vLLM's UNconditional rates ``p_i``: the share of rounds in which the
   first ``i`` drafts were all accepted. They are non-increasing. Mean acceptance length
