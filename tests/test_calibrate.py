@@ -69,11 +69,10 @@ def test_shipped_synthetic_file_recovers_known_factors(cards):
     # 2% lognormal noise: RMS relative error of a good fit is about 2%, R^2 close to 1.
     assert 0.01 < fit.rms_relative_error < 0.03
     assert fit.r_squared > 0.99
-    # The reported predictions are the simulator's own step-time model with the fitted card.
-    fitted = hw.model_copy(update=dict(bandwidth_efficiency=fit.bandwidth_efficiency,
-                                       compute_efficiency=fit.compute_efficiency,
-                                       step_overhead_s=fit.step_overhead_s))
-    np.testing.assert_allclose(fit.predicted_s, predict_step_times(fitted, model, pts), rtol=1e-12)
+    # The fitted card predicts the noise-free step times of the factors the file was generated with, not
+    # only the noisy points it was fitted to: within 1.5% everywhere (the factors are within 3%, 7%).
+    truth = predict_step_times(hw.model_copy(update=TRUE), model, pts)
+    assert np.max(np.abs(np.asarray(fit.predicted_s) / truth - 1)) < 0.015
 
 
 def test_decode_only_small_batch_keeps_base_compute_efficiency(cards):

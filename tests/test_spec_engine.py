@@ -35,13 +35,19 @@ def closed_loop(spec: dict, *, concurrency=8, num_requests=64, prompt=100, outpu
 @pytest.mark.parametrize("alpha, k", [(0.5, 2), (0.7, 4), (0.8, 4), (0.9, 6)])
 def test_mean_acceptance_length_matches_closed_form(alpha, k):
     spec = {"method": "draft_model", "num_speculative_tokens": k, "draft_cost": 0.05, "acceptance": {"alpha": alpha}}
-    sd = simulate(closed_loop(spec, num_requests=int(100_000 * (1 + alpha * k) / 2000) + 8)).summary["spec_decode"]
+    num_requests = int(100_000 * (1 + alpha * k) / 2000) + 8
+    result = simulate(closed_loop(spec, num_requests=num_requests))
+    sd = result.summary["spec_decode"]
     assert sd["num_drafts"] >= 100_000
     expected = (1 - alpha ** (k + 1)) / (1 - alpha)  # Leviathan et al.: 1 + alpha + ... + alpha^k
     assert sd["mean_acceptance_length"] == pytest.approx(expected, rel=0.01)
-    # vLLM's definitions hold between the counters
-    assert sd["mean_acceptance_length"] == pytest.approx(1 + sd["num_accepted_tokens"] / sd["num_drafts"], rel=1e-12)
+    # The counters agree with each other and with the tokens the requests received: an accepted span of a
+    # adds 1 to positions 1..a; every round emits 1 + a tokens except that a request's last round may
+    # accept up to k tokens past its output length (vLLM counts them before the length stop).
+    assert sd["num_accepted_tokens"] == sum(sd["num_accepted_tokens_per_pos"])
     assert sd["num_draft_tokens"] == k * sd["num_drafts"]
+    decoded = int((result.output.requests.generated_tokens - 1).sum())  # the first token comes from prefill
+    assert 0 <= sd["num_drafts"] + sd["num_accepted_tokens"] - decoded <= k * num_requests
 
 
 def test_per_position_rates_reproduce_the_profile():

@@ -4,7 +4,7 @@ Every figure is written as PNG and SVG with its data as CSV beside it. matplotli
 (:func:`servesim.plots.style.pyplot`, Agg backend).
 
 Confidence band of a mean over n replications: ``mean +- t(0.975, n-1) * sd / sqrt(n)`` (sd with
-``ddof = 1``; Student's t two-sided 95% quantiles from the standard table; no band for n = 1).
+``ddof = 1``; Student's t two-sided 95% quantile from :func:`scipy.stats.t.ppf`; no band for n = 1).
 """
 
 from __future__ import annotations
@@ -16,11 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-#: Student's t 0.975 quantiles for 1..30 degrees of freedom (standard table, e.g. NIST/SEMATECH 1.3.6.7.2).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
-         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
-         2.045, 2.042)
 
 #: x-axis choices that are summary columns (throughputs achieved), with their axis labels.
 THROUGHPUT_AXES = {
@@ -51,18 +46,16 @@ PANELS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
 
 
 def t975(df: int) -> float:
-    """Two-sided 95% Student-t quantile for ``df`` >= 1 degrees of freedom (normal 1.96 beyond 120).
+    """Two-sided 95% Student-t quantile ``t(0.975, df)`` for ``df`` >= 1 degrees of freedom (scipy.stats).
 
     Raises:
         ValueError: ``df < 1``.
     """
     if df < 1:
         raise ValueError("degrees of freedom must be >= 1")
-    if df <= 30:
-        return _T975[df - 1]
-    # beyond the table: t ~ z + (z^3 + z) / (4 df) (Cornish-Fisher), z = 1.959964; exact to 1e-3 at df = 31
-    z = 1.959964
-    return z + (z**3 + z) / (4 * df)
+    from scipy import stats  # lazy: scipy's import costs more than a short run
+
+    return float(stats.t.ppf(0.975, df))
 
 
 def mean_ci(values) -> tuple[float, float, int]:
