@@ -56,7 +56,8 @@ class Engine:
         max_time_s: stop the simulation at the first step boundary at or after this time (s); None = never.
 
     Raises:
-        ValueError: a request can never be served (its tokens exceed the KV cache or, without chunked
+        ValueError: a request has no prompt or no output token (``prompt_tokens`` or ``output_tokens`` <
+            1), a request can never be served (its tokens exceed the KV cache or, without chunked
             prefill, its prompt exceeds the token budget), or a setting is out of range.
     """
 
@@ -94,6 +95,11 @@ class Engine:
         self.max_time_ps = None if max_time_s is None else round(max_time_s * PS_PER_S)
         bs = self.bs
         if n:
+            for name, tokens in (("prompt_tokens", self.P), ("output_tokens", self.O)):
+                if min(tokens) < 1:
+                    i = tokens.index(min(tokens))
+                    raise ValueError(f"request {i}: {name} = {tokens[i]}, expected >= 1 (vLLM needs a prompt "
+                                     "token and max_tokens >= 1)")
             longest = max(p + o for p, o in zip(self.P, self.O))
             if -(-longest // bs) > self.total_blocks:
                 raise ValueError(

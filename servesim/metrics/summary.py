@@ -57,7 +57,7 @@ def summarize(out: EngineOutput, slo: dict | None = None) -> dict:
     completed = int(np.count_nonzero(done))
     arrival = np.asarray(req.arrival_s, dtype=np.float64)
     finish = np.asarray(req.finish_s, dtype=np.float64)
-    duration = float(finish[done].max() - arrival.min()) if completed else 0.0
+    duration = float(finish[done].max() - np.nanmin(arrival)) if completed else 0.0  # NaN: not arrived
     output_tokens = int(np.asarray(req.output_tokens, dtype=np.int64)[done].sum())
     prompt_tokens = int(np.asarray(req.prompt_tokens, dtype=np.int64)[done].sum())
 

@@ -1,0 +1,169 @@
+"""Engine features checked end to end: ``simulation.max_time_s``, per-request acceptance heterogeneity,
+context decay of acceptance, replicas with speculative decoding, and the requests an engine refuses."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from scipy import integrate, stats
+
+from engine_helpers import flat_step_model, run_engine
+from servesim import simulate
+
+PROFILE = [0.622, 0.381, 0.252]  # EAGLE, Llama-3.1-8B, ShareGPT, K = 3 (docs/reference/acceptance-profiles.md)
+
+
+def closed_loop(spec, *, num_requests, concurrency=16, prompt=100, output=400, **extra) -> dict:
+    cfg = {
+        "hardware": "h100-sxm",
+        "model": "llama-3.1-8b",
+        "workload": {"type": "closed_loop", "concurrency": concurrency, "num_requests": num_requests,
+                     "prompt_tokens": {"type": "fixed", "value": prompt},
+                     "output_tokens": {"type": "fixed", "value": output}},
+        "speculative_config": spec,
+    }
+    cfg.update(extra)
+    return cfg
+
+
+def eagle(acceptance) -> dict:
+    return {"method": "eagle", "num_speculative_tokens": 3, "acceptance": acceptance}
+
+
+# ---------------------------------------------------------------------- simulation.max_time_s
+@pytest.mark.parametrize("mode", ["run", "step"])
+@pytest.mark.parametrize("max_time_s, steps", [(0.255, 26), (0.25, 25)])
+def test_max_time_stops_at_the_first_step_boundary_at_or_after_it(mode, max_time_s, steps):
+    # Hand-worked: one sequence at a time, 10 ms steps. Request 0 (100 output tokens) runs from t = 0 and
+    # emits one token per step; request 1 arrives at 0.1 s and waits behind it; request 2 arrives after
+    # the limit. The run stops at the end of the step that reaches max_time_s.
+    eng = run_engine([16, 16, 16], [100, 5, 5], [0.0, 0.1, 0.3], step_model=flat_step_model(0.01),
+                     max_num_seqs=1, mode=mode, max_time_s=max_time_s)
+    out = eng.output()
+    r = out.requests
+    assert out.end_s == pytest.approx(steps * 0.01, abs=1e-12)
+    assert r.generated_tokens.tolist() == [steps, 0, 0]
+    assert np.isnan(r.finish_s).all()
+    np.testing.assert_array_equal(r.arrival_s[:2], [0.0, 0.1])
+    assert np.isnan(r.arrival_s[2])  # never arrived
+    assert r.first_scheduled_s[0] == 0.0 and np.isnan(r.first_scheduled_s[1:]).all()
+    assert int(out.steps.num_steps.sum()) == steps
+
+
+def test_max_time_from_the_config_with_speculation_reports_unfinished_requests():
+    cfg = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+           "workload": {"type": "poisson", "rate": 20.0, "num_requests": 400,
+                        "prompt_tokens": {"type": "fixed", "value": 500},
+                        "output_tokens": {"type": "fixed", "value": 300}},
+           "speculative_config": {"method": "eagle", "num_speculative_tokens": 3},
+           "simulation": {"max_time_s": 5.0}}
+    run = simulate(cfg)
+    step = simulate({**cfg, "simulation": {"max_time_s": 5.0, "mode": "step"}})
+    out, s = run.output, run.output.steps
+    ends = s.start_s + s.duration_s
+    # the last row is the step that crosses 5 s; no step starts at or after it
+    assert s.start_s[-1] < 5.0 <= ends[-1] == out.end_s and (s.start_s < 5.0).all()
+    r = out.requests
+    done = np.isfinite(r.finish_s)
+    assert 0 < done.sum() < 400 and run.summary["completed"] == done.sum()
+    assert (r.finish_s[done] <= out.end_s).all() and (r.generated_tokens[done] == 300).all()
+    assert (r.generated_tokens[~done] < 300).all() and np.isnan(r.arrival_s).sum() > 0  # later ones never came
+    # throughputs are over the completed requests' span (first arrival to last finish), not NaN
+    span = float(r.finish_s[done].max() - np.nanmin(r.arrival_s))
+    assert run.summary["duration_s"] == pytest.approx(span, rel=1e-12)
+    assert run.summary["request_throughput"] == pytest.approx(done.sum() / span, rel=1e-12)
+    for name in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "generated_tokens"):
+        np.testing.assert_array_equal(getattr(r, name), getattr(step.output.requests, name), err_msg=name)
+    assert run.output.spec_counters == step.output.spec_counters
+
+
+# ---------------------------------------------------------------------- acceptance heterogeneity
+def round_weighted_rates(profile, concentration: float) -> np.ndarray:
+    """vLLM's per-position rates (accepted at position i / rounds) over a population of requests whose
+    conditional rates are scaled by f = a / c*, a ~ Beta(kappa c*, kappa (1 - c*)), each request decoding
+    a fixed number of tokens: a request with acceptance length L(f) = 1 + sum_i f^i p_i runs ~1/L(f) rounds
+    per token, so rate_i = E[f^i p_i / L(f)] / E[1 / L(f)] (numerical integration over the beta law)."""
+    p = np.asarray(profile)
+    c_star = float((p / np.r_[1.0, p[:-1]]).max())
+    law = stats.beta(concentration * c_star, concentration * (1 - c_star))
+
+    def length(a):
+        return 1 + sum((a / c_star) ** (i + 1) * p[i] for i in range(len(p)))
+
+    norm = integrate.quad(lambda a: law.pdf(a) / length(a), 0, 1)[0]
+    return np.array([integrate.quad(lambda a, i=i: law.pdf(a) * (a / c_star) ** (i + 1) * p[i] / length(a),
+                                    0, 1)[0] / norm for i in range(len(p))])
+
+
+def interval_99(samples: np.ndarray):
+    """Mean and half-width of the 99% Student-t interval of each column of ``samples`` (replications x k)."""
+    n = len(samples)
+    return samples.mean(axis=0), stats.t.ppf(0.995, n - 1) * samples.std(axis=0, ddof=1) / np.sqrt(n)
+
+
+def test_per_request_heterogeneity_matches_the_beta_law():
+    kappa = 4.0
+    profile = {"name": "het", "per_position_acceptance": PROFILE,
+               "heterogeneity": {"type": "beta", "concentration": kappa}}
+    rates = np.array([simulate(closed_loop(eagle(profile), num_requests=1000, output=200), seed=seed)
+                      .summary["spec_decode"]["per_position_acceptance_rate"] for seed in range(10)])
+    expected = round_weighted_rates(PROFILE, kappa)
+    # heterogeneity shows: position 1 well below the profile's 0.622 (slow requests run more rounds),
+    # position 3 above its 0.252 (E[f^3] > 1)
+    assert expected[0] < 0.95 * PROFILE[0] and expected[2] > 1.02 * PROFILE[2]
+    mean, half = interval_99(rates)
+    assert (np.abs(mean - expected) <= half).all(), (mean, half, expected)
+    assert (half < 0.03 * expected).all()  # narrow enough that a 5% error fails
+
+
+# ---------------------------------------------------------------------- context decay
+@pytest.mark.parametrize("shape, per_token", [("linear", 5e-5), ("exponential", 6e-5)])
+def test_context_decay_scales_acceptance_by_the_context(shape, per_token):
+    # Long prompts (6,000 tokens) and short outputs (64): every round sees a context of 6,000-6,064
+    # tokens, so every p_i is scaled by s(ctx) within 0.3% of s(6,032).
+    decay = {"shape": shape, "per_token": per_token, "reference_tokens": 1000}
+    profile = {"name": "decay", "per_position_acceptance": PROFILE, "context_decay": decay}
+    sd = simulate(closed_loop(eagle(profile), num_requests=1000, prompt=6000, output=64)).summary["spec_decode"]
+    extra = 6032 - 1000
+    scale = 1 - per_token * extra if shape == "linear" else np.exp(-per_token * extra)
+    assert scale < 0.8
+    n = sd["num_drafts"]
+    for got, p in zip(sd["per_position_acceptance_rate"], scale * np.asarray(PROFILE)):
+        assert abs(got - p) < 4 * np.sqrt(p * (1 - p) / n) + 0.003 * p, (got, p)  # binomial 4 sigma + ctx spread
+        assert 4 * np.sqrt(p * (1 - p) / n) + 0.003 * p < 0.05 * p
+
+
+# ---------------------------------------------------------------------- replicas with speculation
+def test_replicas_with_speculation():
+    spec = eagle("eagle-llama3.1-8b-sharegpt-k3")
+    wl = {"type": "poisson", "rate": 30.0, "num_requests": 600, "prompt_tokens": {"type": "fixed", "value": 300},
+          "output_tokens": {"type": "uniform", "low": 50, "high": 400}}
+    base = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": wl, "speculative_config": spec}
+    one = simulate(base)
+    two = simulate({**base, "deployment": {"replicas": 2, "router": "least_outstanding"}})
+    two_step = simulate({**base, "deployment": {"replicas": 2, "router": "least_outstanding"},
+                         "simulation": {"mode": "step"}})
+    # Acceptance is drawn per request, whatever replica serves it: the counters and the tokens are those
+    # of one server, exactly; only the times differ (half the load per replica: shorter TPOT).
+    assert two.info["replicas"] == 2
+    assert two.output.spec_counters == one.output.spec_counters
+    np.testing.assert_array_equal(two.output.requests.generated_tokens, one.output.requests.generated_tokens)
+    assert two.summary["completed"] == 600
+    assert two.summary["tpot_s"]["mean"] < 0.95 * one.summary["tpot_s"]["mean"]
+    sd = two.summary["spec_decode"]
+    n = sd["num_drafts"]
+    for got, p in zip(sd["per_position_acceptance_rate"], PROFILE):
+        assert abs(got - p) < 4 * np.sqrt(p * (1 - p) / n)
+    # run mode == step mode with replicas and speculation
+    for name in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "preemptions"):
+        np.testing.assert_array_equal(getattr(two.output.requests, name), getattr(two_step.output.requests, name),
+                                      err_msg=name)
+    assert two.summary["tpot_s"] == two_step.summary["tpot_s"]
+
+
+# ---------------------------------------------------------------------- requests an engine refuses
+@pytest.mark.parametrize("prompt, output, words", [([10, 10], [5, 0], "request 1: output_tokens = 0"),
+                                                   ([0, 10], [5, 5], "request 0: prompt_tokens = 0")])
+def test_engine_refuses_requests_without_output_or_prompt_tokens(prompt, output, words):
+    with pytest.raises(ValueError, match=words):
+        run_engine(prompt, output, [0.0, 0.1])
