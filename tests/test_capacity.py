@@ -157,7 +157,15 @@ def test_real_search_brackets_the_capacity(tmp_path):
     assert above - cap <= 0.1 * cap + 1e-9
     # replication columns average to the mean column
     np.testing.assert_allclose(frame[["ttft_p90_s_r0", "ttft_p90_s_r1"]].mean(axis=1), frame["ttft_p90_s"])
-    assert (out / "slo_attainment.png").stat().st_size > 0 and (out / "slo_attainment.csv").exists()
+    # the figure's data, beside it: one row per rate tried, ascending, with the search's statistics
+    drawn = pd.read_csv(out / "slo_attainment.csv")
+    assert list(drawn.columns) == ["rate", "replicas", "rate_scale", "ttft_p90_s", "slo_attainment", "passed"]
+    assert drawn["rate"].is_monotonic_increasing and set(drawn["rate"]) == set(frame["rate"])
+    by_rate = frame.drop_duplicates("rate").set_index("rate")
+    for _, row in drawn.iterrows():
+        assert row["ttft_p90_s"] == by_rate.loc[row["rate"], "ttft_p90_s"]
+        assert row["passed"] == (row["ttft_p90_s"] <= 0.3)
+    assert (out / "slo_attainment.png").stat().st_size > 0
 
 
 def test_cli_bad_slo_is_one_line_error(tmp_path, capsys):

@@ -426,11 +426,52 @@ def test_plot_latency_writes_a_png(tmp_path):
     assert other.exists() and [p.name for p in (tmp_path / "sub").iterdir()] == ["custom.png"]
 
 
-def test_plot_latency_bins_long_step_logs(tmp_path):
-    from servesim.plots.latency import TIME_BINS, plot_latency
+def test_latency_figure_draws_the_runs_numbers():
+    import matplotlib.pyplot as plt
 
+    from servesim.plots.latency import latency_figure
+
+    out = small_output()
+    fig = latency_figure(out, summarize(out))
+    (ttft, tpot), (batch, kv) = fig.axes[0:2], fig.axes[2:4]
+    # CDFs of the completed requests, in ms: TTFT 1, 0.5, 0.25 s; TPOT 0.5, 0.5 s (the 1-token request has none)
+    cdf = ttft.lines[0]
+    assert cdf.get_xdata().tolist() == [250.0, 500.0, 1000.0]
+    assert cdf.get_ydata().tolist() == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert tpot.lines[0].get_xdata().tolist() == [500.0, 500.0]
+    # p50 and p99 markers at the summary's values (p50 0.5 s, p99 0.99 s)
+    assert [line.get_xdata()[0] for line in ttft.lines[1:]] == pytest.approx([500.0, 990.0])
+    # the step rows as segments [start, end) with gaps: ends 1.0, 2.75 (0.25 + 0.375 + 0.5 + 0.625), 4.25
+    x = batch.lines[0].get_xdata()
+    np.testing.assert_allclose(x[~np.isnan(x)], [0.5, 1.0, 1.0, 2.75, 3.0, 4.25])
+    y = batch.lines[0].get_ydata()
+    assert y[~np.isnan(y)].tolist() == [1, 1, 2, 2, 3, 3]
+    y = kv.lines[0].get_ydata()
+    assert y[~np.isnan(y)].tolist() == pytest.approx([20, 20, 40, 40, 80, 80])  # % of the 10 blocks
+    assert "3/4 requests" in fig._suptitle.get_text()
+    plt.close(fig)
+
+
+def test_plot_latency_bins_long_step_logs(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from servesim.plots.latency import TIME_BINS, latency_figure, plot_latency
+
+    # 821 rows of 0.5 s (more than 2 x TIME_BINS): the batch panel shows per-bin duration-weighted means
     out = queue_output(200, 400.0, lambda t: t % 7)
-    assert len(out.steps) > 2 * TIME_BINS  # exercises the binned panels
+    starts = np.asarray(out.steps.start_s)
+    out.steps.batch_size = (np.arange(len(starts)) % 5).astype(np.int64)
+    assert len(out.steps) > 2 * TIME_BINS
+    fig = latency_figure(out, summarize(out))
+    mean_line = fig.axes[2].lines[0]
+    edges = np.linspace(starts.min(), starts.max() + 0.5, TIME_BINS + 1)
+    expected = []
+    for lo, hi in zip(edges[:-1], edges[1:]):
+        inside = (starts >= lo) & (starts < hi) if hi < edges[-1] else (starts >= lo)
+        expected.append(out.steps.batch_size[inside].mean() if inside.any() else np.nan)  # equal durations
+    np.testing.assert_allclose(mean_line.get_xdata(), (edges[:-1] + edges[1:]) / 2)
+    np.testing.assert_allclose(mean_line.get_ydata(), expected, equal_nan=True)
+    plt.close(fig)
     assert plot_latency(out, summarize(out), tmp_path / "latency.png").stat().st_size > 0
 
 

@@ -93,7 +93,21 @@ def test_plot_command_writes_figures_with_their_data(tmp_path, capsys):
         png = sweep / f"{stem}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert (sweep / f"{stem}.svg").read_text().lstrip().startswith("<?xml")
-    assert (sweep / "latency_vs_throughput.csv").exists() and (sweep / "heatmap_ttft_s.p99.csv").exists()
+    # each figure's data, beside it, against values worked out from summary_frame() by hand:
+    # ttft_s.p99 at (seqs, rate) is 0.05 rate (x2 at 256 seqs) + 0.001 rep over reps 0, 1, 2
+    curves = pd.read_csv(sweep / "latency_vs_throughput.csv")
+    assert set(curves["metric"]) == {"ttft_s.p50", "ttft_s.p99", "tpot_s.p50", "tpot_s.p99"}
+    assert len(curves) == 4 * 2 * 3 and (curves["n"] == 3).all()
+    row = curves[(curves["max_num_seqs"] == 256) & (curves["rate"] == 10) & (curves["metric"] == "ttft_s.p99")]
+    assert row["mean"].item() == pytest.approx(1.001) and row["x"].item() == pytest.approx(1001.0)
+    band = 4.3027 * 0.001 / math.sqrt(3)  # t(0.975, 2) sd / sqrt(n), sd = 0.001
+    assert row["ci_high"].item() - 1.001 == pytest.approx(band, rel=1e-4)
+    assert 1.001 - row["ci_low"].item() == pytest.approx(band, rel=1e-4)
+    assert row["x_ci"].item() == pytest.approx(4.3027 * 1.0 / math.sqrt(3), rel=1e-4)  # throughput sd = 1
+    heat = pd.read_csv(sweep / "heatmap_ttft_s.p99.csv").set_index(["rate", "max_num_seqs"])
+    assert len(heat) == 6
+    for (rate, seqs), cell in heat.iterrows():
+        assert cell["mean"] == pytest.approx(0.05 * rate * (1 if seqs == 32 else 2) + 0.001) and cell["n"] == 3
     curve = pd.read_csv(sweep / "speedup_curve.csv")
     cross = curve.groupby("max_num_seqs")["crossover"].first()
     assert cross[32] == pytest.approx(10 + 0.1 / 0.4 * 10) and np.isnan(cross[256])
@@ -130,4 +144,6 @@ def test_per_position_acceptance_bars(tmp_path):
     assert table["group"].tolist() == ["variant=eagle"] * 2 and table["position"].tolist() == [1, 2]
     assert table["acceptance_rate"].tolist() == pytest.approx([0.7, 0.3]) and table["runs"].tolist() == [2, 2]
     plot_acceptance(table, tmp_path / "acceptance.png")
-    assert (tmp_path / "acceptance.png").stat().st_size > 5000 and (tmp_path / "acceptance.csv").exists()
+    drawn = pd.read_csv(tmp_path / "acceptance.csv")
+    assert drawn["group"].tolist() == ["variant=eagle"] * 2 and drawn["position"].tolist() == [1, 2]
+    assert drawn["acceptance_rate"].tolist() == pytest.approx([0.7, 0.3]) and drawn["runs"].tolist() == [2, 2]

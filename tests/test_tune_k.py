@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import yaml
 
@@ -207,8 +208,20 @@ def test_cli_prints_valid_json(tmp_path, capsys):
     assert spec.num_speculative_tokens_per_batch_size == [[1, 128, 3], [129, 4096, 0]]
     saved = json.loads((out / "tune_k.json").read_text())
     assert saved["speculative_config"] == printed
-    for name in ("tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv"):
+    for name in ("tune_k_grid.csv", "tune_k_check.csv", "tune_k.png"):
         assert (out / name).stat().st_size > 0
+    # the figure's data, beside it: three lines per batch size, each the check table's throughput
+    check = pd.read_csv(out / "tune_k_check.csv").set_index("batch_size")
+    drawn = pd.read_csv(out / "tune_k.csv")
+    assert sorted(drawn["batch_size"].unique()) == [1, 256] and len(drawn) == 6
+    fixed_k = int(check["best_fixed_k"].iloc[0])
+    names = {"no speculation": "none", f"best fixed k = {fixed_k}": "fixed", "tuned per batch size": "tuned"}
+    assert set(drawn["line"]) == set(names)
+    for _, row in drawn.iterrows():
+        expected = check.loc[row["batch_size"], f"{names[row['line']]}_output_throughput"]
+        assert row["output_throughput"] == pytest.approx(expected, rel=1e-12)
+        assert row["ratio_to_none"] == pytest.approx(
+            expected / check.loc[row["batch_size"], "none_output_throughput"], rel=1e-12)
 
 
 def test_slo_objective(tmp_path):

@@ -129,7 +129,7 @@ def plot_slo_attainment(frame, result, path: Path):
     line; failing points are hollow markers.
     """
     from servesim.plots.curves import save_png_svg
-    from servesim.plots.style import pyplot
+    from servesim.plots.style import plain_log_ticks, pyplot
 
     x = "rate" if result.mode == "rate" else "replicas"
     cols = ["rate", "replicas", "rate_scale"] + [f"{s.name}_s" for s in result.slos] + ["slo_attainment", "passed"]
@@ -150,6 +150,7 @@ def plot_slo_attainment(frame, result, path: Path):
     ax1.set_xlabel(xlabel)
     ax1.set_ylabel("latency (ms)")
     ax1.set_yscale("log")
+    plain_log_ticks(ax1.yaxis)
     ax1.set_title("SLO statistics (filled: point passes)")
     ax2.plot(xs, table["slo_attainment"].to_numpy(dtype=float), "o-", color="tab:blue")
     if result.goodput_share is not None:
@@ -163,8 +164,8 @@ def plot_slo_attainment(frame, result, path: Path):
         label = (f"capacity {result.capacity:.3g} req/s" if x == "rate" else f"fewest replicas: {result.capacity}")
         for ax in (ax1, ax2):
             ax.axvline(float(result.capacity), color="black", linestyle=":", linewidth=1.2, label=label)
-    ax1.legend(fontsize=7, loc="upper left")
-    ax2.legend(fontsize=7, loc="lower left")
+    for ax in (ax1, ax2):  # below the panels: never over a curve
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     save_png_svg(fig, path, svg=False)
     return table

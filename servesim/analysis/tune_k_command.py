@@ -135,7 +135,7 @@ def plot_check(check, path: Path):
     from matplotlib.ticker import NullLocator
 
     from servesim.plots.curves import save_png_svg
-    from servesim.plots.style import pyplot
+    from servesim.plots.style import plain_log_ticks, pyplot
     from servesim.sweep.tables import write_csv
 
     k = int(check["best_fixed_k"].iloc[0])
@@ -168,6 +168,7 @@ def plot_check(check, path: Path):
         ax.set_xlabel("batch size (closed-loop clients, requests)")
         ax.legend(fontsize=7)
     ax1.set_yscale("log")
+    plain_log_ticks(ax1.yaxis)
     ax1.set_ylabel("output throughput (tokens/s)")
     ax1.set_title("Output throughput (bands: 95% CI over replications)")
     ax2.set_ylabel("output throughput / no speculation")

@@ -427,36 +427,45 @@ def write_csv(results: list[CaseResult], path: str | Path) -> Path:
     return p
 
 
-def plot(results: list[CaseResult], path: str | Path, tolerance: float = 0.10) -> Path:
-    """Measured vs simulated scatter on log axes with y = x and the ``±tolerance`` band; points labelled.
+def plot(results: list[CaseResult], path: str | Path) -> Path:
+    """Relative error of every case, one labelled row each (so no label can overlap another).
 
-    Intervals are drawn as horizontal error bars at their midpoint; cases without a simulated value are
-    left out (the CSV and the table still list them).
+    x: the case's relative error in percent (``relative_error`` of the table: 0 inside a published
+    interval, else the distance to its nearest end), on a symmetric-log axis (linear within ±10%);
+    a published interval ``[low, high]`` adds the range ``simulated / high - 1`` to
+    ``simulated / low - 1`` as an error bar. The grey bar of each row is its own ``±tolerance``; green
+    within tolerance, red outside. Right: simulated vs measured value with the unit. Cases without a
+    simulated value are left out (the CSV and the table still list them).
     """
     from servesim.plots.style import pyplot, save_figure
 
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(8, 7))
-    shown = [r for r in results if r.simulated is not None and r.simulated > 0]
-    values = [v for r in shown for v in (r.measured_low, r.measured_high, r.simulated)] or [1.0, 10.0]
-    lo, hi = min(values) / 1.5, max(values) * 1.5
-    line = [lo, hi]
-    ax.plot(line, line, color="black", lw=1, label="y = x")
-    ax.fill_between(line, [v * (1 - tolerance) for v in line], [v * (1 + tolerance) for v in line],
-                    color="tab:gray", alpha=0.2, label=f"±{100 * tolerance:g}%")
-    for r in shown:
-        color = "tab:green" if r.within else "tab:red"
-        xerr = None
-        if r.measured_low != r.measured_high:
-            xerr = [[r.measured - r.measured_low], [r.measured_high - r.measured]]
-        ax.errorbar([r.measured], [r.simulated], xerr=xerr, fmt="o", color=color, ms=5, capsize=3)
-        ax.annotate(r.name, (r.measured, r.simulated), textcoords="offset points", xytext=(4, 4), fontsize=7)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_xlabel("measured (published; unit of each case)")
-    ax.set_ylabel("simulated (servesim)")
-    ax.set_title("servesim validation: green within tolerance, red outside")
-    ax.legend(loc="upper left")
+    from matplotlib.ticker import FuncFormatter, NullLocator
+
+    shown = [r for r in results if r.simulated is not None and r.relative_error is not None and r.measured_low > 0]
+    fig, ax = plt.subplots(figsize=(10, 1.2 + 0.3 * max(len(shown), 1)))
+    for row, r in enumerate(shown):
+        err = 100 * r.relative_error
+        ax.barh(row, 200 * r.tolerance, left=-100 * r.tolerance, height=0.6, color="tab:gray", alpha=0.25)
+        low, high = 100 * (r.simulated / r.measured_high - 1), 100 * (r.simulated / r.measured_low - 1)
+        xerr = [[max(err - low, 0.0)], [max(high - err, 0.0)]] if high > low else None
+        ax.errorbar([err], [row], xerr=xerr, fmt="o", color="tab:green" if r.within else "tab:red", ms=5, capsize=3)
+    ax.axvline(0.0, color="black", linewidth=0.8)
+    ax.set_xscale("symlog", linthresh=10, linscale=2)
+    left, right = ax.get_xlim()
+    left, right = min(left, -12.0), max(right, 12.0)
+    ax.set_xlim(left, right)
+    ticks = [-1000, -300, -100, -30, -10, -5, -2, 0, 2, 5, 10, 30, 100, 300, 1000]
+    ax.set_xticks([t for t in ticks if left <= t <= right])
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:+g}" if v else "0"))
+    ax.set_yticks(range(len(shown)), [r.name for r in shown], fontsize=8)
+    ax.set_ylim(len(shown) - 0.5, -0.5)  # first case on top, as in the table
+    values = ax.twinx()
+    values.set_ylim(ax.get_ylim())
+    values.set_yticks(range(len(shown)), [f"{r.simulated:.4g} vs {r.measured_text()} {r.unit}"
+                                          for r in shown], fontsize=8)
+    values.grid(False)
+    ax.set_xlabel("relative error (%) of simulated vs measured; grey: the case's ±tolerance")
+    ax.set_title("servesim validation: green within the case's tolerance, red outside")
     return save_figure(fig, Path(path))

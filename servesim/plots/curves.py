@@ -154,7 +154,7 @@ def plot_latency_curves(summary: pd.DataFrame, along: str, x: str, group_cols: l
     Raises:
         ValueError: ``x`` or ``along`` is not a column of ``summary``.
     """
-    from servesim.plots.style import pyplot
+    from servesim.plots.style import plain_log_ticks, pyplot
 
     for col in (x, along):
         if col not in summary.columns:
@@ -184,6 +184,7 @@ def plot_latency_curves(summary: pd.DataFrame, along: str, x: str, group_cols: l
         ax.set_xlabel(THROUGHPUT_AXES.get(x) or (labels or {}).get(x, x))
         ax.set_ylabel(f"{title} (ms)")
         ax.set_yscale("log")
+        plain_log_ticks(ax.yaxis)
         ax.legend(fontsize=7)
     fig.tight_layout()
     out_png = Path(out_png)

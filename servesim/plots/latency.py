@@ -8,7 +8,7 @@ import numpy as np
 
 from servesim.engine.output import EngineOutput
 from servesim.metrics.latencies import request_latencies
-from servesim.plots.style import P50_COLOR, P99_COLOR, pyplot, save_figure
+from servesim.plots.style import P50_COLOR, P99_COLOR, plain_log_ticks, pyplot, save_figure
 
 
 def _cdf(ax, values_s: np.ndarray, stats: dict | None, name: str) -> None:
@@ -29,6 +29,7 @@ def _cdf(ax, values_s: np.ndarray, stats: dict | None, name: str) -> None:
     ax.set_ylim(0, 1.02)
     if values_ms[0] > 0 and values_ms[-1] / values_ms[0] > 100:
         ax.set_xscale("log")
+        plain_log_ticks(ax.xaxis)
     ax.legend(loc="lower right")
 
 
@@ -104,6 +105,11 @@ def plot_latency(out: EngineOutput, summary: dict, path: Path) -> Path:
     path = Path(path)
     if path.is_dir():
         path = path / "latency.png"
+    return save_figure(latency_figure(out, summary), path)
+
+
+def latency_figure(out: EngineOutput, summary: dict):
+    """The open matplotlib figure that :func:`plot_latency` saves (axes ``[[TTFT, TPOT], [batch, KV]]``)."""
     plt = pyplot()
     lat = request_latencies(out.requests)
     done = lat["completed"]
@@ -122,4 +128,4 @@ def plot_latency(out: EngineOutput, summary: dict, path: Path) -> Path:
              + (" - SATURATED" if summary.get("saturated") else ""))
     fig.suptitle(title)
     fig.tight_layout()
-    return save_figure(fig, path)
+    return fig

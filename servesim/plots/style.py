@@ -50,3 +50,24 @@ def save_figure(fig: Any, path: Path, dpi: int = 120) -> Path:
 
         plt.close(fig)
     return path
+
+
+def plain_number(value: float) -> str:
+    """Tick text of a positive number without powers of ten: ``0.05``, ``3``, ``250``, ``10,000``."""
+    if value >= 1000:
+        return f"{value:,.0f}"
+    return f"{value:.6g}"
+
+
+def plain_log_ticks(axis: Any) -> None:
+    """Label a log-scaled ``axis`` (``ax.xaxis`` or ``ax.yaxis``) with plain numbers (``20``, ``300``,
+    ``10,000``) instead of matplotlib's ``2x10^1`` and ``10^4``, on major and (when few decades are shown)
+    minor ticks. Call it after ``set_xscale("log")`` / ``set_yscale("log")``."""
+    from matplotlib.ticker import LogFormatter
+
+    class PlainLogFormatter(LogFormatter):
+        def _num_to_string(self, x, vmin, vmax):  # noqa: ARG002 - matplotlib's signature
+            return plain_number(x)
+
+    axis.set_major_formatter(PlainLogFormatter(labelOnlyBase=False))
+    axis.set_minor_formatter(PlainLogFormatter(labelOnlyBase=False))
