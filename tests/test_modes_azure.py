@@ -73,3 +73,14 @@ def test_run_mode_equals_step_mode_on_full_azure_trace(rate_scale):
     if rate_scale == 4.0:
         assert int(run.output.requests.preemptions.sum()) > 0
     assert_identical(run, step)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rate_scale", [1.0, 4.0])
+def test_run_mode_equals_step_mode_on_full_azure_trace_with_speculation(rate_scale):
+    run = simulate(config(rate_scale, "run", None, None, EAGLE))
+    step = simulate(config(rate_scale, "step", None, None, EAGLE))
+    assert run.summary["completed"] == 19366 and run.summary["spec_decode"]["num_drafts"] > 1_000_000
+    if rate_scale == 4.0:
+        assert int(run.output.requests.preemptions.sum()) > 0
+    assert_identical(run, step)

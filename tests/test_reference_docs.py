@@ -49,7 +49,7 @@ def test_reference_copies_are_listed_with_their_checksums():
 def test_every_cited_reference_file_exists():
     cited = set()
     for path in checked_files():
-        cited |= set(re.findall(r"docs/reference/([\w.-]+\.(?:md|csv|txt))",
+        cited |= set(re.findall(r"docs/reference/([\w./-]+\.(?:md|csv|txt))",
                                 path.read_text(encoding="utf-8", errors="replace")))
     assert cited, "nothing cites docs/reference/"
     missing = sorted(name for name in cited if not (REFERENCE / name).is_file())
