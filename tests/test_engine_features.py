@@ -9,21 +9,9 @@ from scipy import integrate, stats
 
 from engine_helpers import flat_step_model, run_engine
 from servesim import simulate
+from test_spec_engine import closed_loop  # the closed-loop run config of the speculative engine tests
 
 PROFILE = [0.622, 0.381, 0.252]  # EAGLE, Llama-3.1-8B, ShareGPT, K = 3 (docs/reference/acceptance-profiles.md)
-
-
-def closed_loop(spec, *, num_requests, concurrency=16, prompt=100, output=400, **extra) -> dict:
-    cfg = {
-        "hardware": "h100-sxm",
-        "model": "llama-3.1-8b",
-        "workload": {"type": "closed_loop", "concurrency": concurrency, "num_requests": num_requests,
-                     "prompt_tokens": {"type": "fixed", "value": prompt},
-                     "output_tokens": {"type": "fixed", "value": output}},
-        "speculative_config": spec,
-    }
-    cfg.update(extra)
-    return cfg
 
 
 def eagle(acceptance) -> dict:
@@ -105,8 +93,9 @@ def test_per_request_heterogeneity_matches_the_beta_law():
     kappa = 4.0
     profile = {"name": "het", "per_position_acceptance": PROFILE,
                "heterogeneity": {"type": "beta", "concentration": kappa}}
-    rates = np.array([simulate(closed_loop(eagle(profile), num_requests=1000, output=200), seed=seed)
-                      .summary["spec_decode"]["per_position_acceptance_rate"] for seed in range(10)])
+    cfg = closed_loop(eagle(profile), concurrency=16, num_requests=1000, output=200)
+    rates = np.array([simulate(cfg, seed=seed).summary["spec_decode"]["per_position_acceptance_rate"]
+                      for seed in range(10)])
     expected = round_weighted_rates(PROFILE, kappa)
     # heterogeneity shows: position 1 well below the profile's 0.622 (slow requests run more rounds),
     # position 3 above its 0.252 (E[f^3] > 1)
@@ -123,7 +112,8 @@ def test_context_decay_scales_acceptance_by_the_context(shape, per_token):
     # tokens, so every p_i is scaled by s(ctx) within 0.3% of s(6,032).
     decay = {"shape": shape, "per_token": per_token, "reference_tokens": 1000}
     profile = {"name": "decay", "per_position_acceptance": PROFILE, "context_decay": decay}
-    sd = simulate(closed_loop(eagle(profile), num_requests=1000, prompt=6000, output=64)).summary["spec_decode"]
+    cfg = closed_loop(eagle(profile), concurrency=16, num_requests=1000, prompt=6000, output=64)
+    sd = simulate(cfg).summary["spec_decode"]
     extra = 6032 - 1000
     scale = 1 - per_token * extra if shape == "linear" else np.exp(-per_token * extra)
     assert scale < 0.8
