@@ -61,9 +61,9 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--max-requests: expected >= 1 (got {args.max_requests})")
         cfg0, _ = load_config(args.config, overrides)
         key = "workload.max_requests" if cfg0.workload.type == "trace" else "workload.num_requests"
-        overrides[key] = args.max_requests
+        overrides.append((key, args.max_requests))
         if cfg0.workload.type in ("poisson", "gamma"):
-            overrides["workload.duration_s"] = None
+            overrides.append(("workload.duration_s", None))
     cfg, folder = load_config(args.config, overrides)
 
     def progress(ev) -> None:

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,28 +54,32 @@ def _seed(text: str) -> int:
     return value
 
 
-def parse_overrides(assignments: list[str], speculative_json: str | None, llama_cpp_flags: str | None = None) -> dict:
+def parse_overrides(
+    assignments: list[str], speculative_json: str | None, llama_cpp_flags: str | None = None
+) -> list[tuple[str, Any]]:
     """Turn ``--set`` assignments and ``--speculative-config`` (or ``--llama-cpp-spec``) into dotted overrides.
 
-    ``--llama-cpp-spec`` replaces ``speculative_config`` BEFORE the ``--set`` assignments (so they can add
-    servesim keys such as ``speculative_config.acceptance``); ``--spec-type none`` removes speculation.
+    ``--speculative-config`` (or ``--llama-cpp-spec``) replaces ``speculative_config`` FIRST, then the
+    ``--set`` assignments apply in the order given (so ``--set speculative_config.num_speculative_tokens=5``
+    refines the JSON, and a later ``--set`` of the same key wins); ``--spec-type none`` removes speculation.
+
+    Returns:
+        ``(dotted key, value)`` pairs in the order to apply them (see :func:`servesim.config.models.load_config`).
 
     Raises:
-        ConfigError: invalid JSON or flags, or both ``--speculative-config`` and ``--llama-cpp-spec``.
+        ConfigError: invalid JSON or flags, an invalid ``--set``, or both ``--speculative-config`` and
+            ``--llama-cpp-spec``.
     """
     from servesim.config.overrides import parse_assignment
     from servesim.errors import ConfigError
 
-    overrides = {}
+    overrides: list[tuple[str, Any]] = []
     if llama_cpp_flags is not None:
         if speculative_json is not None:
             raise ConfigError("--llama-cpp-spec and --speculative-config are mutually exclusive: give one")
         from servesim.speculation.llamacpp import parse_llamacpp_flags
 
-        overrides["speculative_config"] = parse_llamacpp_flags(llama_cpp_flags, "--llama-cpp-spec")
-    for text in assignments:
-        key, value = parse_assignment(text)
-        overrides[key] = value
+        overrides.append(("speculative_config", parse_llamacpp_flags(llama_cpp_flags, "--llama-cpp-spec")))
     if speculative_json is not None:
         try:
             spec = json.loads(speculative_json)
@@ -82,7 +87,9 @@ def parse_overrides(assignments: list[str], speculative_json: str | None, llama_
             raise ConfigError(f"--speculative-config: invalid JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(spec, dict):
             raise ConfigError("--speculative-config: expected a JSON object")
-        overrides["speculative_config"] = spec
+        overrides.append(("speculative_config", spec))
+    for text in assignments:
+        overrides.append(parse_assignment(text))
     return overrides
 
 
