@@ -90,3 +90,51 @@ def test_acceptance_stdout_is_a_valid_profile(tmp_path, capsys, argv):
     profile = load_profile(str(path))
     assert profile.num_positions >= 3
     assert "mean acceptance length" in captured.err  # the statistics are still shown, on stderr
+
+
+# --- item 14: duplicate keys and empty --set values refused; error paths are --set keys ----------------
+
+def test_duplicate_yaml_key_is_refused_naming_the_line(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    text = yaml.safe_dump(SMALL, sort_keys=False)
+    cfg.write_text(text + "engine:\n  max_num_seqs: 64\n  max_num_seqs: 128\n")
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "duplicate key 'max_num_seqs'" in err
+    assert f"line {text.count(chr(10)) + 3}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_set_value_is_refused(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--set", "engine.max_num_seqs="]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "engine.max_num_seqs: empty value" in err and "=null" in err
+
+
+@pytest.mark.parametrize(("override", "path"), [
+    ("workload.rate=-1", "workload.rate"),
+    ("workload.bogus=1", "workload.bogus"),
+    ("workload.prompt_tokens.low=-3", "workload.prompt_tokens.low"),
+])
+def test_error_paths_are_keys_a_user_can_type(tmp_path, capsys, override, path):
+    from servesim.commands.run import parse_overrides
+    from servesim.config.models import load_config
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    with pytest.raises(ConfigError) as err:
+        load_config(cfg, parse_overrides([override], None))
+    message = str(err.value)
+    assert message.startswith(f"{cfg}: {path}: "), message
+    # the path named in the message is a key that --set accepts and that fixes the value
+    fixed = {"workload.rate": "5", "workload.bogus": None, "workload.prompt_tokens.low": "10"}[path]
+    if fixed is not None:
+        load_config(cfg, parse_overrides([override, f"{path}={fixed}"], None))
+
+
+def test_trace_error_path_has_no_union_tag(tmp_path):
+    from servesim.config.models import load_config
+
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": {"type": "trace", "path": "t.csv", "rate_scale": 0}})
+    with pytest.raises(ConfigError, match=r"c\.yaml: workload\.rate_scale: "):
+        load_config(cfg)
