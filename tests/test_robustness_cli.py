@@ -138,3 +138,47 @@ def test_trace_error_path_has_no_union_tag(tmp_path):
     cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": {"type": "trace", "path": "t.csv", "rate_scale": 0}})
     with pytest.raises(ConfigError, match=r"c\.yaml: workload\.rate_scale: "):
         load_config(cfg)
+
+
+# --- item 7: non-UTF-8 inputs give one line ------------------------------------------------------------
+
+LATIN1 = "caf\u00e9".encode("latin-1")  # b"caf\xe9": not UTF-8
+
+
+def _one_line_error(capsys, argv, name):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert name in err and "not UTF-8" in err and "line 2" in err, err
+
+
+def test_non_utf8_run_config(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_bytes(b"name: x\n# " + LATIN1 + b"\n" + yaml.safe_dump(SMALL).encode())
+    _one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")], "c.yaml")
+
+
+def test_non_utf8_sweep_file(tmp_path, capsys):
+    sweep = tmp_path / "s.yaml"
+    sweep.write_bytes(b"base: c.yaml\n# " + LATIN1 + b"\n")
+    _one_line_error(capsys, ["sweep", str(sweep), "--out", str(tmp_path / "o")], "s.yaml")
+
+
+def test_non_utf8_card(tmp_path, capsys):
+    card = tmp_path / "gpu.yaml"
+    card.write_bytes(b"name: x\n# " + LATIN1 + b"\n")
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "hardware": "gpu.yaml"})
+    _one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")], "gpu.yaml")
+
+
+def test_non_utf8_ngram_input(tmp_path, capsys):
+    pairs = tmp_path / "p.jsonl"
+    pairs.write_bytes(b'{"prompt": "a b", "answer": "a b"}\n{"prompt": "' + LATIN1 + b'", "answer": "x"}\n')
+    _one_line_error(capsys, ["acceptance", "ngram", "--input", str(pairs), "--k", "2"], "p.jsonl")
+
+
+def test_non_utf8_calibrate_csv(tmp_path, capsys):
+    csv_path = tmp_path / "steps.csv"
+    csv_path.write_bytes(b"batch_size,scheduled_tokens\n# " + LATIN1 + b"\n")
+    _one_line_error(capsys, ["calibrate", "--data", str(csv_path), "--hardware", "h100-sxm", "--model",
+                             "llama-3.1-8b", "--out", str(tmp_path / "card.yaml")], "steps.csv")

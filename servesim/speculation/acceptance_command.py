@@ -115,10 +115,14 @@ def read_pairs(path: Path) -> list[tuple[list[Any], list[Any]]]:
     """Read ``(prompt, answer)`` token lists from a JSONL file.
 
     Raises:
-        TraceError: missing file, bad JSON, or a line without a string/list ``prompt`` and ``answer``.
+        TraceError: missing file, not UTF-8, bad JSON, or a line without a string/list ``prompt`` and ``answer``.
     """
+    from servesim.config.loading import not_utf8_message
+
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise TraceError(not_utf8_message(path, exc)) from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read file ({exc.strerror})") from None
     pairs = []
