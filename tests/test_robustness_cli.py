@@ -182,3 +182,122 @@ def test_non_utf8_calibrate_csv(tmp_path, capsys):
     csv_path.write_bytes(b"batch_size,scheduled_tokens\n# " + LATIN1 + b"\n")
     _one_line_error(capsys, ["calibrate", "--data", str(csv_path), "--hardware", "h100-sxm", "--model",
                              "llama-3.1-8b", "--out", str(tmp_path / "card.yaml")], "steps.csv")
+
+
+# --- item 6: an unwritable --out is one line, before any simulation ------------------------------------
+
+def _no_simulation(monkeypatch):
+    import servesim
+    import servesim.api
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a simulation ran before --out was checked")
+
+    monkeypatch.setattr(servesim.api, "simulate", refuse)
+    monkeypatch.setattr(servesim, "simulate", refuse, raising=False)
+
+
+@pytest.mark.parametrize("command", ["run", "sweep", "capacity", "tune-k", "validate", "plot"])
+@pytest.mark.parametrize("kind", ["below a file", "a file"])
+def test_unwritable_out_is_one_line_before_any_simulation(tmp_path, capsys, monkeypatch, command, kind):
+    _no_simulation(monkeypatch)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("not a folder\n")
+    out = blocker / "sub" if kind == "below a file" else blocker
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    closed = write_yaml(tmp_path / "closed.yaml", {**SMALL, "workload": {
+        "type": "closed_loop", "concurrency": 2, "requests_per_client": 2,
+        "prompt_tokens": {"type": "fixed", "value": 10}, "output_tokens": {"type": "fixed", "value": 10}}})
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 16]}})
+    sweep_dir = tmp_path / "sweepdir"
+    sweep_dir.mkdir()
+    (sweep_dir / "summary.csv").write_text("variant,replication,seed,point_id,rate,ttft_s.p99\n"
+                                           "default,0,0,a,1,0.1\ndefault,0,0,b,2,0.2\n")
+    (sweep_dir / "sweep.json").write_text(json.dumps({"columns": {"workload.rate": "rate"}}))
+    argv = {
+        "run": ["run", str(cfg), "--no-plot"],
+        "sweep": ["sweep", str(sweep), "--no-progress"],
+        "capacity": ["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--quiet"],
+        "tune-k": ["tune-k", str(closed), "--batch-sizes", "1", "--k-max", "1", "--quiet"],
+        "validate": ["validate", "--fast"],
+        "plot": ["plot", str(sweep_dir)],
+    }[command]
+    assert main([*argv, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("servesim: error: --out: ") and str(blocker) in err, err
+    assert blocker.read_text() == "not a folder\n"
+
+
+# --- item 4: outputs respect the umask ------------------------------------------------------------------
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_outputs_respect_the_umask(tmp_path, mask):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    old = os.umask(mask)
+    try:
+        assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--no-plot", "--quiet"]) == 0
+        from servesim.atomic import write_text_output
+
+        write_text_output(tmp_path / "out" / "note.txt", "x\n")
+    finally:
+        os.umask(old)
+    for name in ("summary.json", "requests.csv", "steps.csv", "note.txt"):
+        assert (tmp_path / "out" / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+
+
+# --- item 3: output folders never mix runs --------------------------------------------------------------
+
+def test_no_plot_rerun_removes_the_earlier_figure(tmp_path):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "latency.png").write_bytes(b"\x89PNG an earlier run's figure")
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot", "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
+
+
+def _sweep_dir(folder: Path, speedup: bool) -> Path:
+    import pandas as pd
+
+    folder.mkdir()
+    rows = [{"variant": "default", "replication": 0, "seed": 0, "point_id": f"p{rate}", "rate": rate,
+             "output_throughput": 100.0 * rate, "request_throughput": rate * 0.9, "ttft_s.p50": 0.01 * rate,
+             "ttft_s.p99": 0.05 * rate, "tpot_s.p50": 0.001 * rate, "tpot_s.p99": 0.002 * rate}
+            for rate in (5, 10, 20)]
+    pd.DataFrame(rows).to_csv(folder / "summary.csv", index=False)
+    (folder / "sweep.json").write_text(json.dumps({"columns": {"workload.rate": "rate"}}))
+    if speedup:
+        pd.DataFrame({"rate": [5, 10, 20], "speedup": [1.4, 1.1, 0.7]}).to_csv(folder / "speedup.csv", index=False)
+    return folder
+
+
+def test_plot_with_unknown_heatmap_metric_writes_nothing(tmp_path, capsys):
+    sweep = _sweep_dir(tmp_path / "sweep", speedup=False)
+    before = {p.name: p.read_bytes() for p in sweep.iterdir()}
+    assert main(["plot", str(sweep), "--heatmap", "x=rate,y=rate,metric=ttft_s.p42"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "metric='ttft_s.p42'" in err
+    assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
+
+
+def test_plot_removes_figures_the_sweep_no_longer_has(tmp_path, capsys):
+    sweep = _sweep_dir(tmp_path / "sweep", speedup=True)
+    assert main(["plot", str(sweep)]) == 0
+    assert (sweep / "speedup.png").exists() and (sweep / "speedup_curve.csv").exists()
+    (sweep / "speedup.csv").unlink()  # the sweep was rerun without a baseline
+    assert main(["plot", str(sweep)]) == 0
+    assert not any(p.name.startswith("speedup") for p in sweep.iterdir())
+    assert (sweep / "latency_vs_throughput.png").exists()
+
+
+def test_sweep_rerun_without_baseline_removes_speedup_csv(tmp_path):
+    from servesim.sweep.runner import run_sweep
+
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    variants = {"plain": {}, "other": {"engine.max_num_seqs": 8}}
+    with_baseline = write_yaml(tmp_path / "a.yaml", {"base": "c.yaml", "variants": variants, "baseline": "plain"})
+    without = write_yaml(tmp_path / "b.yaml", {"base": "c.yaml", "variants": variants})
+    run_sweep(with_baseline, tmp_path / "out", progress=False)
+    assert (tmp_path / "out" / "speedup.csv").exists()
+    run_sweep(without, tmp_path / "out", progress=False)
+    assert not (tmp_path / "out" / "speedup.csv").exists()

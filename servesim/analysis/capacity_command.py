@@ -49,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: invalid config, SLO or option (one line).
     """
     from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slo
+    from servesim.atomic import prepare_output_dir
     from servesim.commands.run import parse_overrides
     from servesim.config.models import load_config
     from servesim.errors import ConfigError
@@ -65,6 +66,7 @@ def run(args: argparse.Namespace) -> int:
         if cfg0.workload.type in ("poisson", "gamma"):
             overrides.append(("workload.duration_s", None))
     cfg, folder = load_config(args.config, overrides)
+    out = prepare_output_dir(args.out)  # before the search: an unwritable --out fails at once
 
     def progress(ev) -> None:
         if not args.quiet:
@@ -78,11 +80,6 @@ def run(args: argparse.Namespace) -> int:
         result = search.min_replicas(args.replicas, max_replicas=args.max_replicas)
     else:
         result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
-    out = args.out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out: cannot create {out} ({exc.strerror})") from None
     frame = capacity_frame(result)
     write_csv(frame, out / "capacity.csv")
     table = plot_slo_attainment(frame, result, out / "slo_attainment.png")

@@ -97,17 +97,19 @@ def run(args: argparse.Namespace) -> int:
     from servesim.config.models import load_config
     from servesim.metrics import format_summary_table, write_outputs
     from servesim.api import simulate
+    from servesim.atomic import prepare_output_dir, remove_stale
 
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
                                                           getattr(args, "llama_cpp_spec", None)))
+    out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
     result = simulate(cfg, seed=args.seed, base_dir=folder)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
     summary = dict(result.summary)
     summary["setup"] = result.info
     summary["seed"] = cfg.seed if args.seed is None else args.seed
     write_outputs(result.output, summary, out_dir)
-    if not args.no_plot:
+    if args.no_plot:
+        remove_stale(out_dir, ["latency.png"])  # an earlier run's figure must not sit beside these CSVs
+    else:
         from servesim.plots.latency import plot_latency
 
         plot_latency(result.output, summary, out_dir / "latency.png")

@@ -10,12 +10,12 @@ Confidence band of a mean over n replications: ``mean +- t(0.975, n-1) * sd / sq
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from servesim.atomic import atomic_file
 
 #: Student's t 0.975 quantiles for 1..30 degrees of freedom (standard table, e.g. NIST/SEMATECH 1.3.6.7.2).
 _T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
@@ -88,15 +88,8 @@ def save_png_svg(fig, path: Path, svg: bool = True) -> list[Path]:
     written = []
     if svg:
         target = path.with_suffix(".svg")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                fig.savefig(handle, format="svg", bbox_inches="tight")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(target, "wb") as handle:
+            fig.savefig(handle, format="svg", bbox_inches="tight")
         written.append(target)
     written.insert(0, save_figure(fig, path))
     return written

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from servesim.atomic import prepare_output_dir, remove_stale
 from servesim.errors import ServesimError
 from servesim.sweep.executors import open_executor
 from servesim.sweep.points import Point, config_digest, expand_points, point_config, task_seed
@@ -198,6 +199,7 @@ def run_sweep(
     simulate = simulate if simulate is not None else _default_simulate()
     if getattr(simulate, "__module__", "") == "servesim.api":
         _check_configs(loaded, points)  # a typo in a swept key fails here, once, before any run
+    prepare_output_dir(out)  # before any run: an unwritable --out fails at once, in one line
     (out / "points").mkdir(parents=True, exist_ok=True)
     _write_manifest(out, loaded, points)
 
@@ -261,7 +263,9 @@ def run_sweep(
     summary = summary_frame(loaded, records)
     write_csv(summary, out / "summary.csv")
     speedup = None
-    if loaded.config.baseline is not None:
+    if loaded.config.baseline is None:
+        remove_stale(out, ["speedup.csv"])  # from an earlier invocation that had a baseline
+    else:
         if records and SPEEDUP_METRIC not in summary.columns:
             raise ServesimError(f"{loaded.source}: baseline: the summaries have no {SPEEDUP_METRIC} to compare")
         if SPEEDUP_METRIC in summary.columns:
