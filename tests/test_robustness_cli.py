@@ -301,3 +301,44 @@ def test_sweep_rerun_without_baseline_removes_speedup_csv(tmp_path):
     assert (tmp_path / "out" / "speedup.csv").exists()
     run_sweep(without, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "speedup.csv").exists()
+
+
+# --- item 5: requests.csv and steps.csv at full precision ------------------------------------------------
+
+def test_requests_and_steps_csv_read_back_bit_for_bit(tmp_path):
+    import csv
+
+    import numpy as np
+
+    from servesim import simulate
+    from servesim.metrics.outputs import request_columns, step_columns, write_outputs
+
+    result = simulate({**SMALL, "workload": {**SMALL["workload"], "rate": 0.05}})  # arrivals up to ~800 s
+    write_outputs(result.output, dict(result.summary), tmp_path)
+    for name, columns in (("requests.csv", request_columns(result.output)), ("steps.csv", step_columns(result.output))):
+        with open(tmp_path / name, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        for key, values in columns.items():
+            back = np.array([float(row[key]) if row[key] else np.nan for row in rows])
+            assert np.array_equal(back, values.astype(float), equal_nan=True), (name, key)
+    # the engine's picosecond clock survives: each time is a whole number of picoseconds on disk
+    with open(tmp_path / "requests.csv", newline="") as handle:
+        finish = [row["finish_s"] for row in csv.DictReader(handle)]
+    assert max(float(t) for t in finish) > 100.0
+    assert all(len(t.partition(".")[2]) <= 12 for t in finish)
+    assert any(len(t.partition(".")[2]) > 9 for t in finish)  # sub-nanosecond digits are kept
+
+
+def test_full_precision_csv_formats():
+    import numpy as np
+
+    from servesim.metrics.csv_text import csv_bytes
+
+    x = np.array([0.0, 1.5, np.nan, 1 / 3, -2.5e-13, 1e-12, 3504.340000123457, -7.000000000001, 1e300, np.inf])
+    rows = csv_bytes({"x": x, "n": np.arange(x.size)}, full_precision=True).decode().splitlines()
+    assert rows == ["x,n", "0,0", "1.5,1", ",2", "0.3333333333333333,3", "-2.5e-13,4", "0.000000000001,5",
+                    "3504.340000123457,6", "-7.000000000001,7", "1e+300,8", "inf,9"]
+    rng = np.random.default_rng(np.random.SeedSequence(5))
+    y = np.concatenate([rng.integers(0, 2**53, 3000) / 1e12, rng.random(3000) * 10.0 ** rng.integers(-20, 20, 3000)])
+    back = np.array([float(r) for r in csv_bytes({"y": y}, full_precision=True).decode().split()[1:]])
+    assert np.array_equal(back, y)
