@@ -100,15 +100,18 @@ def format_result(result, search) -> str:
     targets = ", ".join(f"{s.name} <= {s.target_s:g} s" for s in result.slos)
     share = f", attainment >= {result.goodput_share:g}" if result.goodput_share is not None else ""
     if result.mode == "rate":
+        why = f"; the search stopped {result.stopped}" if result.stopped else ""
         if result.capacity is None:
-            answer = "no rate tried meets the SLOs"
+            answer = f"meets the SLOs at no rate down to {result.lowest_rate:.4g} requests/s{why}"
+        elif result.capped:
+            answer = (f"meets the SLOs at every rate up to {result.capacity:.4g} requests/s (the highest rate "
+                      f"tried{why}; raise --max-rate to look further)")
         else:
             answer = f"capacity: {result.capacity:.3f} requests/s"
             if search.axis.kind == "trace":
                 answer += f" (rate_scale {result.capacity / search.axis.trace_rate:.3f} x trace mean " \
                           f"{search.axis.trace_rate:.3f} req/s)"
-            answer += " (the highest rate tried; raise --max-rate)" if result.capped else \
-                f" (within {100 * result.tolerance:g}%)"
+            answer += f" (within {100 * result.tolerance:g}%)"
     else:
         rate = result.evaluations[0].rate if result.evaluations else float("nan")
         answer = (f"no replica count up to the limit serves {rate:g} requests/s" if result.capacity is None
@@ -161,7 +164,8 @@ def plot_slo_attainment(frame, result, path: Path):
         for ax in (ax1, ax2):
             ax.axvline(float(result.capacity), color="black", linestyle=":", linewidth=1.2, label=label)
     ax1.legend(fontsize=7, loc="upper left")
-    ax2.legend(fontsize=7, loc="lower left")
+    if ax2.get_legend_handles_labels()[0]:  # nothing to name when no share is required and nothing passed
+        ax2.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     save_png_svg(fig, path, svg=False)
     return table
