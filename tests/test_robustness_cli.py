@@ -342,3 +342,102 @@ def test_full_precision_csv_formats():
     y = np.concatenate([rng.integers(0, 2**53, 3000) / 1e12, rng.random(3000) * 10.0 ** rng.integers(-20, 20, 3000)])
     back = np.array([float(r) for r in csv_bytes({"y": y}, full_precision=True).decode().split()[1:]])
     assert np.array_equal(back, y)
+
+
+# --- item 2: a resumed sweep reuses a run only when its resolved inputs are unchanged ---------------------
+
+def _card_sweep(tmp_path, overhead_s: float, seed: int = 0) -> Path:
+    card = yaml.safe_load((ROOT / "hardware" / "gpus" / "h100-sxm.yaml").read_text())
+    card["step_overhead_s"] = overhead_s
+    write_yaml(tmp_path / "gpu.yaml", card)
+    write_yaml(tmp_path / "base.yaml", {**SMALL, "hardware": "gpu.yaml"})
+    return write_yaml(tmp_path / "sweep.yaml", {"base": "base.yaml", "grid": {"engine.max_num_seqs": [8, 16]},
+                                                "seed": seed})
+
+
+def test_resume_reruns_points_whose_card_file_changed(tmp_path, capsys):
+    import pandas as pd
+
+    sweep = _card_sweep(tmp_path, 1.45e-3)
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    before = pd.read_csv(out / "summary.csv")["tpot_s.mean"]
+    assert "reused 0 stored run(s)" in capsys.readouterr().out
+    _card_sweep(tmp_path, 10e-3)  # edit the card the base config names by path
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert "reused 0 stored run(s)" in printed and "ran 2 stored run(s) again" in printed
+    assert "hardware/model card (2)" in printed and "gpu.yaml" in printed
+    after = pd.read_csv(out / "summary.csv")["tpot_s.mean"]
+    fresh = tmp_path / "fresh"
+    assert main(["sweep", str(sweep), "--out", str(fresh), "--no-progress"]) == 0
+    assert list(after) == list(pd.read_csv(fresh / "summary.csv")["tpot_s.mean"])
+    assert all(a > b + 5e-3 for a, b in zip(after, before))
+    # unchanged inputs: everything reused
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    assert "reused 2 stored run(s)" in capsys.readouterr().out
+
+
+def _summary_simulate(config, *, seed=None, base_dir=None):
+    return {"num_requests": 1, "completed": 1, "output_throughput": float(seed % 1000)}
+
+
+@pytest.mark.parametrize("change", ["seed", "trace file", "profile file", "servesim version"])
+def test_resume_keys_on_seed_files_and_version(tmp_path, monkeypatch, change):
+    import servesim
+    from servesim.sweep.runner import run_sweep
+
+    trace = tmp_path / "trace.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,374,44\n")
+    profile = tmp_path / "profile.yaml"
+    profile.write_text("name: p\nper_position_acceptance: [0.8, 0.6]\n")
+    base = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": {"type": "trace", "path": "trace.csv"},
+            "speculative_config": {"method": "eagle", "num_speculative_tokens": 2, "acceptance": "profile.yaml"}}
+    write_yaml(tmp_path / "base.yaml", base)
+    sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [8, 16]}, "seed": 1}
+    write_yaml(tmp_path / "sweep.yaml", sweep)
+    first = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", progress=False, simulate=_summary_simulate)
+    assert first.num_run == 2
+    if change == "seed":
+        write_yaml(tmp_path / "sweep.yaml", {**sweep, "seed": 2})
+        reason = "seed"
+    elif change == "trace file":
+        trace.write_text(trace.read_text() + "2023-11-16 18:15:47.0000000,100,10\n")
+        reason = f"file {trace.resolve()}"
+    elif change == "profile file":
+        profile.write_text("name: p\nper_position_acceptance: [0.9, 0.6]\n")
+        reason = f"file {profile.resolve()}"
+    else:
+        monkeypatch.setattr(servesim, "__version__", servesim.__version__ + ".post1")
+        reason = "servesim version"
+    again = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", progress=False, simulate=_summary_simulate)
+    assert (again.num_skipped, again.num_run, again.num_stale) == (0, 2, 2)
+    assert again.stale == {reason: 2}
+    same = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", progress=False, simulate=_summary_simulate)
+    assert (same.num_skipped, same.num_run) == (2, 0)
+
+
+# --- item 10: huge grids are counted, refused without --yes, and expanded lazily ---------------------------
+
+def test_huge_grid_is_counted_and_refused_without_yes(tmp_path, capsys):
+    write_yaml(tmp_path / "base.yaml", SMALL)
+    grid = {f"engine.k{i}": list(range(10)) for i in range(6)}  # 10^6 points
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "base.yaml", "grid": grid, "replications": 2})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert "1,000,000 point(s) x 2 replication(s) = 2,000,000 run(s)" in captured.out
+    assert captured.err.count("\n") == 1 and "pass --yes" in captured.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_sweep_points_are_expanded_lazily():
+    import itertools
+
+    from servesim.sweep.points import count_points, iter_points
+    from servesim.sweep.spec import SweepConfig, resolve_sweep
+
+    grid = {f"engine.k{i}": list(range(10)) for i in range(9)}  # 10^9 points: a list would not fit
+    loaded = resolve_sweep(SweepConfig(base=dict(SMALL), grid=grid, variants={"a": {}, "b": {}}), ROOT, "sweep")
+    assert count_points(loaded) == 2 * 10**9
+    first = list(itertools.islice(iter_points(loaded), 3))
+    assert [p.variant for p in first] == ["a", "b", "a"] and first[2].axes["engine.k8"] == 1
