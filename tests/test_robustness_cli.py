@@ -441,3 +441,46 @@ def test_sweep_points_are_expanded_lazily():
     assert count_points(loaded) == 2 * 10**9
     first = list(itertools.islice(iter_points(loaded), 3))
     assert [p.variant for p in first] == ["a", "b", "a"] and first[2].axes["engine.k8"] == 1
+
+
+# --- item 22: an experiment file's `Run:` line is the command its README reports ---------------------------
+
+def _commands(lines: list[str], prefix: str) -> list[list[str]]:
+    """``servesim ...`` commands in ``lines`` (after ``prefix``), with backslash continuations joined."""
+    import shlex
+
+    found, current = [], None
+    for line in lines:
+        text = line.removeprefix(prefix).strip() if line.startswith(prefix) else None
+        if current is not None and text is not None:
+            current += " " + text
+        elif text is not None and text.startswith(("Run:", "servesim ")):
+            current = text.removeprefix("Run:").strip()
+        if current is not None and not current.endswith("\\"):
+            if current.startswith("servesim "):
+                found.append(shlex.split(current))
+            current = None
+        elif current is not None:
+            current = current[:-1].rstrip()
+    return found
+
+
+def _experiment_files():
+    return sorted(p for p in (ROOT / "experiments").rglob("*.yaml") if (p.parent / "README.md").exists())
+
+
+@pytest.mark.parametrize("path", _experiment_files(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_run_line_matches_the_readme_command(path):
+    rel = str(path.relative_to(ROOT))
+    runs = [c for c in _commands(path.read_text().splitlines(), "#") if rel in c]
+    readme = [c for c in _commands((path.parent / "README.md").read_text().splitlines(), "") if rel in c]
+    for run in runs:
+        same = [c for c in readme if c[:2] == run[:2]]
+        assert not same or run in same, f"{rel}: Run: {' '.join(run)}; README: {[' '.join(c) for c in same]}"
+
+
+def test_tune_k_run_line_is_the_readme_command():
+    path = ROOT / "experiments" / "tune-k" / "llama8b-h100-eagle.yaml"
+    run = _commands(path.read_text().splitlines(), "#")
+    readme = _commands((path.parent / "README.md").read_text().splitlines(), "")
+    assert run and run[0] in readme and "--requests-per-client" in run[0]
