@@ -484,3 +484,13 @@ def test_tune_k_run_line_is_the_readme_command():
     run = _commands(path.read_text().splitlines(), "#")
     readme = _commands((path.parent / "README.md").read_text().splitlines(), "")
     assert run and run[0] in readme and "--requests-per-client" in run[0]
+
+
+def test_speculative_config_error_path_is_a_set_key(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot",
+            "--speculative-config", '{"method": "eagle", "num_speculative_tokens": -1}']
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "speculative_config.num_speculative_tokens: " in err, err
+    assert main([*argv, "--set", "speculative_config.num_speculative_tokens=2", "--quiet"]) == 0

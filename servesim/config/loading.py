@@ -158,14 +158,16 @@ def _child(node: Any, part: Any) -> tuple[bool, Any]:
     return False, None
 
 
-def format_validation_error(exc: ValidationError, source: str, data: Any = None) -> str:
+def format_validation_error(exc: ValidationError, source: str, data: Any = None, key_prefix: str | None = None) -> str:
     """Turn a pydantic ``ValidationError`` into one line naming ``source`` and the first bad field.
 
     The field is written as a dotted key that ``--set`` accepts (see :func:`user_path`; pass the
-    validated ``data`` for that).
+    validated ``data`` for that), after ``key_prefix`` when the data sits at that key of a run config.
     """
     err = exc.errors()[0]
     loc = user_path(tuple(err.get("loc", ())), data)
+    if key_prefix:
+        loc = f"{key_prefix}.{loc}" if loc else key_prefix
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):  # pydantic's prefix for our own validators' messages
         msg = msg[len("Value error, "):]
@@ -190,13 +192,15 @@ def _is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or part.startswith("function-"))
 
 
-def validate(model: type[M], data: Any, source: str) -> M:
+def validate(model: type[M], data: Any, source: str, *, key_prefix: str | None = None) -> M:
     """Validate ``data`` against the pydantic ``model``.
 
     Args:
         model: the pydantic model class.
         data: the parsed YAML/JSON/Python mapping.
         source: what to name in the error (a file path, or e.g. ``--speculative-config``).
+        key_prefix: the dotted key of ``data`` inside a run config (e.g. ``speculative_config``), so that
+            the field path in the message is a key ``--set`` accepts.
 
     Raises:
         ConfigError: one line ``source: field.path: message (got value)``.
@@ -206,4 +210,6 @@ def validate(model: type[M], data: Any, source: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source, data if isinstance(data, dict) else None)) from None
+        raise ConfigError(
+            format_validation_error(exc, source, data if isinstance(data, dict) else None, key_prefix)
+        ) from None
