@@ -89,22 +89,6 @@ def prepare_output_dir(path: str | Path, option: str = "--out") -> Path:
     return out
 
 
-def prepare_output_file(path: str | Path, option: str = "--out") -> Path:
-    """Check that the output file ``path`` can be written: its folder is created and writable, and it is
-    not a folder itself (see :func:`prepare_output_dir`).
-
-    Raises:
-        ConfigError: one line naming ``option`` and the path.
-    """
-    from servesim.errors import ConfigError
-
-    out = Path(path)
-    if out.is_dir():
-        raise ConfigError(f"{option}: {out} is a folder, not a file")
-    prepare_output_dir(out.parent, option)
-    return out
-
-
 def remove_stale(folder: str | Path, names: list[str]) -> None:
     """Delete the files ``names`` in ``folder`` that a previous run wrote and this one does not replace.
 
@@ -119,6 +103,22 @@ def remove_stale(folder: str | Path, names: list[str]) -> None:
             path.unlink(missing_ok=True)
         except OSError as exc:
             raise ConfigError(f"{path}: cannot remove the file of an earlier run ({exc.strerror})") from None
+
+
+@contextmanager
+def replacing_outputs(folder: str | Path, names: tuple[str, ...] | list[str]) -> Iterator[None]:
+    """The block computes new versions of the outputs ``names`` in ``folder``; if it raises (a failed
+    simulation, Ctrl-C), the earlier run's files are removed, so that none is left looking like the result
+    of the command that failed.
+
+    Raises:
+        whatever the block raises; ConfigError if a file cannot be removed.
+    """
+    try:
+        yield
+    except BaseException:
+        remove_stale(folder, list(names))
+        raise
 
 
 def write_text_output(path: str | Path, text: str) -> None:

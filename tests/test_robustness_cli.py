@@ -494,3 +494,33 @@ def test_speculative_config_error_path_is_a_set_key(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "speculative_config.num_speculative_tokens: " in err, err
     assert main([*argv, "--set", "speculative_config.num_speculative_tokens=2", "--quiet"]) == 0
+
+
+def test_failed_rerun_leaves_no_earlier_results_looking_current(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot", "--quiet"]) == 0
+    (out / "latency.png").write_bytes(b"\x89PNG an earlier run's figure")
+    (out / "notes.txt").write_text("mine\n")
+    bad = ["--set", "workload={type: trace, path: missing.csv}"]
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot", *bad]) == 2
+    assert "missing.csv" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # only the user's own file is left
+
+
+def test_failed_capacity_rerun_removes_the_earlier_tables(tmp_path, monkeypatch, capsys):
+    import servesim.api
+    from servesim.errors import ServesimError
+
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("capacity.csv", "slo_attainment.csv", "slo_attainment.png"):
+        (out / name).write_text("an earlier search\n")
+
+    def fail(*args, **kwargs):
+        raise ServesimError("engine stalled")
+
+    monkeypatch.setattr(servesim.api, "simulate", fail)
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--out", str(out), "--quiet"]) == 2
+    assert "engine stalled" in capsys.readouterr().err and list(out.iterdir()) == []

@@ -20,6 +20,10 @@ import argparse
 from pathlib import Path
 
 
+#: Files ``servesim capacity`` writes into ``--out``.
+CAPACITY_OUTPUTS = ("capacity.csv", "slo_attainment.csv", "slo_attainment.png")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``capacity`` options to ``parser``."""
     parser.add_argument("config", help="run config (YAML) with an open-loop workload (trace, poisson, gamma)")
@@ -49,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: invalid config, SLO or option (one line).
     """
     from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slo
-    from servesim.atomic import prepare_output_dir
+    from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.commands.run import parse_overrides
     from servesim.config.models import load_config
     from servesim.errors import ConfigError
@@ -76,10 +80,11 @@ def run(args: argparse.Namespace) -> int:
 
     search = CapacitySearch(cfg, folder, slos, replications=args.replications, goodput_share=args.goodput_share,
                             progress=progress)
-    if args.replicas is not None:
-        result = search.min_replicas(args.replicas, max_replicas=args.max_replicas)
-    else:
-        result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
+    with replacing_outputs(out, CAPACITY_OUTPUTS):
+        if args.replicas is not None:
+            result = search.min_replicas(args.replicas, max_replicas=args.max_replicas)
+        else:
+            result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
     frame = capacity_frame(result)
     write_csv(frame, out / "capacity.csv")
     table = plot_slo_attainment(frame, result, out / "slo_attainment.png")

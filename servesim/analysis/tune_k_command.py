@@ -20,6 +20,10 @@ import json
 from pathlib import Path
 
 
+#: Files ``servesim tune-k`` writes into ``--out``.
+TUNE_K_OUTPUTS = ("tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``tune-k`` options to ``parser``."""
     parser.add_argument("config", help="run config (YAML) with a speculative_config (method, acceptance)")
@@ -71,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from servesim.analysis.capacity import parse_slo
     from servesim.analysis.tune_k import tune_k
-    from servesim.atomic import prepare_output_dir
+    from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.commands.run import parse_overrides
     from servesim.config.models import load_config
     from servesim.sweep.executors import open_executor
@@ -88,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"  batch {row['batch_size']:5d}  {row['variant']:>6}  rep {row['replication']}  "
                   f"{row['output_throughput']:10.1f} output tok/s", flush=True)
 
-    with open_executor(None, args.jobs) as executor:
+    with replacing_outputs(out, TUNE_K_OUTPUTS), open_executor(None, args.jobs) as executor:
         result = tune_k(cfg, folder, k_max=args.k_max, batch_sizes=sizes, slos=slos,
                         replications=args.replications, requests_per_client=args.requests_per_client,
                         boundary=args.boundary, executor=executor, progress=progress)

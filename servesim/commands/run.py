@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 
+#: Files ``servesim run`` writes into ``--out``.
+RUN_OUTPUTS = ("summary.json", "requests.csv", "steps.csv", "latency.png")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
@@ -97,12 +101,13 @@ def run(args: argparse.Namespace) -> int:
     from servesim.config.models import load_config
     from servesim.metrics import format_summary_table, write_outputs
     from servesim.api import simulate
-    from servesim.atomic import prepare_output_dir, remove_stale
+    from servesim.atomic import prepare_output_dir, remove_stale, replacing_outputs
 
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
                                                           getattr(args, "llama_cpp_spec", None)))
     out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
-    result = simulate(cfg, seed=args.seed, base_dir=folder)
+    with replacing_outputs(out_dir, RUN_OUTPUTS):
+        result = simulate(cfg, seed=args.seed, base_dir=folder)
     summary = dict(result.summary)
     summary["setup"] = result.info
     summary["seed"] = cfg.seed if args.seed is None else args.seed
