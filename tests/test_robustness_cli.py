@@ -12,24 +12,14 @@ import yaml
 from servesim.cli import main
 from servesim.errors import ConfigError
 
+from test_cli import SMALL as CLI_SMALL
+from test_cli import write_yaml
+
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {
-    "hardware": "h100-sxm",
-    "model": "llama-3.1-8b",
-    "workload": {
-        "type": "poisson",
-        "rate": 5.0,
-        "num_requests": 40,
-        "prompt_tokens": {"type": "uniform", "low": 10, "high": 500},
-        "output_tokens": {"type": "uniform", "low": 1, "high": 50},
-    },
-    "slo": {"ttft_s": 0.5, "tpot_s": 0.05},
-}
-
-
-def write_yaml(path: Path, data) -> Path:
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+#: test_cli's small config with fewer and shorter requests (each run takes milliseconds)
+SMALL = {**CLI_SMALL, "workload": {**CLI_SMALL["workload"], "num_requests": 40,
+                                   "prompt_tokens": {"type": "uniform", "low": 10, "high": 500},
+                                   "output_tokens": {"type": "uniform", "low": 1, "high": 50}}}
 
 
 # --- item 11: --speculative-config first, then --set in order -----------------------------------------
