@@ -168,16 +168,19 @@ def _write_failures(out_dir: Path, failures: list[Failure]) -> None:
     write_csv(frame, path)
 
 
-def _check_configs(loaded: LoadedSweep) -> None:
-    """Validate every point's run config up front (one point at a time).
+def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
+    """Validate every point's run config up front (one point at a time; a tqdm bar on stderr with ``show``).
 
     Raises:
         ConfigError: one line naming the sweep file, the point's overrides and the bad field.
     """
+    from tqdm import tqdm
+
     from servesim.config.loading import validate
     from servesim.config.models import SimConfig
 
-    for point in iter_points(loaded):
+    points = iter_points(loaded)
+    for point in tqdm(points, total=count_points(loaded), disable=not show, unit="point", desc="check"):
         overrides = ", ".join(f"{k}={v!r}" for k, v in point.overrides().items()) or "base"
         validate(SimConfig, point_config(loaded, point), f"{loaded.source} (point {overrides})")
 
@@ -254,9 +257,10 @@ def run_sweep(
     loaded = _load(sweep)
     check_size(loaded, max_runs)
     out = Path(out_dir)
+    show = sys.stderr.isatty() if progress is None else bool(progress)
     simulate = simulate if simulate is not None else _default_simulate()
     if getattr(simulate, "__module__", "") == "servesim.api":
-        _check_configs(loaded)  # a typo in a swept key fails here, once, before any run
+        _check_configs(loaded, show)  # a typo in a swept key fails here, once, before any run
     prepare_output_dir(out)  # before any run: an unwritable --out fails at once, in one line
     (out / "points").mkdir(parents=True, exist_ok=True)
     _write_manifest(out, loaded)
@@ -267,7 +271,6 @@ def run_sweep(
     stale: dict[str, int] = {}
     counts = {"reused": 0, "run": 0, "stale": 0}
     base_dir = str(loaded.base_dir)
-    show = sys.stderr.isatty() if progress is None else bool(progress)
     bar = tqdm(total=num_runs, disable=not show, unit="run", desc="sweep")
 
     def pending() -> Iterator[Task]:
