@@ -514,3 +514,12 @@ def test_failed_capacity_rerun_removes_the_earlier_tables(tmp_path, monkeypatch,
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
     assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--out", str(out), "--quiet"]) == 2
     assert "engine stalled" in capsys.readouterr().err and list(out.iterdir()) == []
+
+
+def test_sweep_with_a_bad_executor_writes_nothing(tmp_path, capsys):
+    write_yaml(tmp_path / "base.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "base.yaml", "grid": {"engine.max_num_seqs": [8, 16]}})
+    for bad in (["--executor", "ray"], ["--jobs", "0"]):
+        assert main(["sweep", str(sweep), "--out", str(tmp_path / "out"), *bad]) == 2
+        assert capsys.readouterr().err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

@@ -105,6 +105,22 @@ def _import_distributed():
     return distributed
 
 
+def check_executor(spec: str | Executor | None, jobs: int) -> tuple[str, str | None]:
+    """Check ``--executor`` and ``--jobs`` without starting anything (see :func:`open_executor`).
+
+    Returns:
+        :func:`parse_executor`'s ``(kind, address)``; ``("given", None)`` for an Executor instance.
+
+    Raises:
+        ConfigError: ``jobs < 1`` or an unknown ``spec``.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"--jobs: expected a positive integer (got {jobs!r})")
+    if isinstance(spec, Executor):
+        return "given", None
+    return parse_executor(spec)
+
+
 @contextlib.contextmanager
 def open_executor(spec: str | Executor | None, jobs: int) -> Iterator[Executor | None]:
     """Yield the executor to run a sweep on, and shut down what this function started.
@@ -121,12 +137,10 @@ def open_executor(spec: str | Executor | None, jobs: int) -> Iterator[Executor |
     Raises:
         ConfigError: ``jobs < 1``, an unknown ``spec``, or Dask requested but not installed.
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ConfigError(f"--jobs: expected a positive integer (got {jobs!r})")
+    kind, address = check_executor(spec, jobs)
     if isinstance(spec, Executor):
         yield spec
         return
-    kind, address = parse_executor(spec)
     if kind == "local":
         if jobs == 1:
             yield None

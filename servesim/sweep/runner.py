@@ -23,7 +23,7 @@ import pandas as pd
 
 from servesim.atomic import atomic_file, prepare_output_dir, remove_stale
 from servesim.errors import ConfigError, ServesimError
-from servesim.sweep.executors import open_executor
+from servesim.sweep.executors import check_executor, open_executor
 from servesim.sweep.inputs import InputResolver, RunInputs
 from servesim.sweep.points import Point, count_points, iter_points, point_config, task_seed
 from servesim.sweep.spec import LoadedSweep, SweepConfig, load_sweep, resolve_sweep
@@ -256,6 +256,7 @@ def run_sweep(
 
     loaded = _load(sweep)
     check_size(loaded, max_runs)
+    check_executor(executor, jobs)
     out = Path(out_dir)
     show = sys.stderr.isatty() if progress is None else bool(progress)
     simulate = simulate if simulate is not None else _default_simulate()
