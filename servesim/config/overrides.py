@@ -5,9 +5,9 @@ both read and apply an override the same way:
 
 * a key is a dotted path of mapping keys (``engine.max_num_seqs``); each part is made of letters, digits,
   ``_`` and ``-``;
-* a value is parsed with ``yaml.safe_load`` (duplicate keys refused; an empty value refused) (``128`` is an int, ``0.5`` a float, ``true`` a bool,
-  ``[1, 2]`` a list, ``{method: eagle, num_speculative_tokens: 3}`` or JSON a mapping, anything else a
-  string);
+* a value is parsed with ``yaml.safe_load`` (``128`` is an int, ``0.5`` a float, ``true`` a bool,
+  ``[1, 2]`` a list, ``{method: eagle, num_speculative_tokens: 3}`` or JSON a mapping, ``null`` None,
+  anything else a string); a value naming a key twice, and an empty value, are refused;
 * setting a key replaces what was there (a mapping value replaces the whole mapping, it is not merged);
   missing mappings on the way are created.
 """

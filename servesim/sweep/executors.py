@@ -128,8 +128,9 @@ def open_executor(spec: str | Executor | None, jobs: int) -> Iterator[Executor |
     Args:
         spec: an Executor the caller owns (used as is, never shut down here); or ``None``/``"local"``:
             serial in this process when ``jobs == 1`` (yields ``None``), else a ``ProcessPoolExecutor``
-            of ``jobs`` workers that die with this process (see the module docstring); or ``"dask"``: a new ``distributed.LocalCluster`` (``jobs`` worker
-            processes of one thread each when ``jobs > 1``, Dask's default otherwise); or
+            of ``jobs`` workers that die with this process (see the module docstring); or ``"dask"``: a
+            new ``distributed.LocalCluster`` (``jobs`` worker processes of one thread each when
+            ``jobs > 1``, Dask's default otherwise); or
             ``"dask://HOST:PORT"``: the existing scheduler at that address. Dask executors come from
             ``distributed.Client.get_executor()``.
         jobs: number of local worker processes (>= 1).

@@ -4,7 +4,8 @@ Each finished run is stored as soon as it finishes (one JSON file, written atomi
 workers only compute), so an interrupted sweep rerun with the same command skips the finished runs and
 neither loses nor duplicates any. A stored run is reused only when its resolved inputs (run config, seed,
 cards, referenced files, servesim version: :mod:`servesim.sweep.inputs`) are unchanged; the result says
-how many were reused and what changed for the others. The sweep is expanded lazily, point by point. A run that raises is recorded in ``failures.csv`` and the others go on.
+how many were reused and what changed for the others. The sweep is expanded lazily, point by point. A
+run that raises is recorded in ``failures.csv`` and the others go on.
 At the end ``summary.csv`` (and ``speedup.csv`` when the sweep names a ``baseline``) are rebuilt from
 every stored run of the sweep.
 """
