@@ -216,3 +216,23 @@ def test_capacity_command_answers_when_no_boundary_exists(tmp_path, capsys, slo,
     assert answer in capsys.readouterr().out
     frame = pd.read_csv(tmp_path / "o" / "capacity.csv")
     assert len(frame) <= 21 and frame["passed"].nunique() == 1
+
+
+def test_request_growth_bounds_doubling_only_without_max_rate():
+    class GrowingSimulate(ConstantSimulate):
+        def __call__(self, config, *, seed=None, base_dir=None):
+            result = super().__call__(config, seed=seed, base_dir=base_dir)
+            result.summary["num_requests"] = result.summary["completed"] = int(10 * config["workload"]["rate"])
+            return result
+
+    from servesim.analysis.capacity import MAX_REQUEST_GROWTH
+
+    def search():
+        return CapacitySearch(poisson_cfg(1.0), Path("."), [parse_slo("itl_p99=1")], replications=1,
+                              simulate=GrowingSimulate(0.5))
+
+    free = search().max_rate()
+    assert free.capped and free.capacity == 2 * MAX_REQUEST_GROWTH  # 32 x the first point's requests: stop
+    assert free.stopped == f"at {MAX_REQUEST_GROWTH}x the first point's requests"
+    bounded = search().max_rate(max_rate=1000.0)
+    assert bounded.capped and bounded.capacity == 1000.0 and bounded.stopped is None

@@ -23,11 +23,11 @@ Search (the pass/fail outcome is assumed monotone in the rate and in the replica
 * rate: start at the config's own rate r0; double while passing (up to ``max_rate``), halve while
   failing, then bisect between the highest passing rate ``lo`` and the lowest failing rate ``hi`` until
   ``hi - lo <= tolerance x lo``. The capacity is ``lo``: it meets the SLOs, and a rate more than
-  ``tolerance`` above it does not. The search is bounded: at most :data:`MAX_RATE_STEPS` doublings and as
-  many halvings (a factor of about 10^6 either way), doubling also stops once a point holds
+  ``tolerance`` above it does not. The search is bounded: without ``max_rate``, at most
+  :data:`MAX_RATE_STEPS` doublings (a factor of about 10^6), stopping also once a point holds
   :data:`MAX_REQUEST_GROWTH` times the requests of the first point (a workload of fixed ``duration_s``
-  grows with the rate), and a rate beyond the start that cannot be simulated (arrivals past the engine's
-  clock) ends the search in that direction. If every rate tried passes, the capacity is the highest one
+  grows with the rate); at most :data:`MAX_RATE_STEPS` halvings; and a rate beyond the start that cannot
+  be simulated (arrivals past the engine's clock) ends the search in that direction. If every rate tried passes, the capacity is the highest one
   (reported as capped: "meets the SLOs at every rate up to X"); if none passes it is None, with the
   lowest rate tried ("at no rate down to Y").
 * replicas (target rate given): R = 1, 2, 4, ... (up to ``max_replicas``) until one passes, then integer
@@ -326,11 +326,14 @@ class CapacitySearch:
         first = self.evaluate(r)
         if first.passed:
             lo = r
-            for _ in range(MAX_RATE_STEPS):
+            # with max_rate the user bounds the search; without it, at most MAX_RATE_STEPS doublings
+            steps = MAX_RATE_STEPS if max_rate is None else max(MAX_RATE_STEPS, math.ceil(math.log2(max_rate / r)) + 1)
+            for _ in range(steps):
                 nxt = 2 * lo if max_rate is None else min(2 * lo, max_rate)
                 if nxt == lo:
                     break
-                if self.evaluations[-1].num_requests > MAX_REQUEST_GROWTH * max(first.num_requests, 1):
+                grown = self.evaluations[-1].num_requests > MAX_REQUEST_GROWTH * max(first.num_requests, 1)
+                if max_rate is None and grown:
                     stopped = f"at {MAX_REQUEST_GROWTH}x the first point's requests"
                     break
                 ev, why = self._explore(nxt)
