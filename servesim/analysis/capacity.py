@@ -27,9 +27,9 @@ Search (the pass/fail outcome is assumed monotone in the rate and in the replica
   :data:`MAX_RATE_STEPS` doublings (a factor of about 10^6), stopping also once a point holds
   :data:`MAX_REQUEST_GROWTH` times the requests of the first point (a workload of fixed ``duration_s``
   grows with the rate); at most :data:`MAX_RATE_STEPS` halvings; and a rate beyond the start that cannot
-  be simulated (arrivals past the engine's clock) ends the search in that direction. If every rate tried passes, the capacity is the highest one
-  (reported as capped: "meets the SLOs at every rate up to X"); if none passes it is None, with the
-  lowest rate tried ("at no rate down to Y").
+  be simulated (arrivals past the engine's clock) ends the search in that direction. If every rate tried
+  passes, the capacity is the highest one (reported as capped: "meets the SLOs at every rate up to X");
+  if none passes it is None, with the lowest rate tried ("at no rate down to Y").
 * replicas (target rate given): R = 1, 2, 4, ... (up to ``max_replicas``) until one passes, then integer
   bisection between the last failing and the first passing count: the fewest replicas that pass.
 """
