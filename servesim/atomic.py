@@ -1,4 +1,8 @@
-"""Atomic file writes: readers see the old file or the whole new one, never half of it."""
+"""Atomic file writes (readers see the old file or the whole new one, never half of it) and output folders.
+
+Files are created with the permissions a plain ``open()`` would give (``0o666`` less the process umask),
+not the ``0o600`` of a temporary file, so that teammates and web servers can read the results.
+"""
 
 from __future__ import annotations
 
@@ -29,6 +33,7 @@ def atomic_file(path: str | Path, mode: str = "wb", *, fsync: bool = False, **op
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.chmod(tmp, 0o666 & ~current_umask())  # mkstemp makes 0o600; open() would respect the umask
         with os.fdopen(fd, mode, **open_kwargs) as handle:
             yield handle
             if fsync:
@@ -40,6 +45,79 @@ def atomic_file(path: str | Path, mode: str = "wb", *, fsync: bool = False, **op
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        raise
+
+
+def current_umask() -> int:
+    """The process's file-mode creation mask (read without changing it, where /proc allows)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)  # elsewhere: set and restore (the only portable way to read it)
+    os.umask(mask)
+    return mask
+
+
+def prepare_output_dir(path: str | Path, option: str = "--out") -> Path:
+    """Create the output folder ``path`` (and its parents) and check that files can be written in it.
+
+    Commands call this before any simulation, so that an unwritable ``--out`` fails at once, in one line.
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ConfigError: ``path`` is a file, cannot be created, or is not writable (one line naming ``option``
+            and the folder).
+    """
+    from servesim.errors import ConfigError
+
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{option}: {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=out, prefix=".servesim-write-check.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{option}: cannot write to {out} ({exc.strerror or exc})") from None
+    return out
+
+
+def remove_stale(folder: str | Path, names: list[str]) -> None:
+    """Delete the files ``names`` in ``folder`` that a previous run wrote and this one does not replace.
+
+    Raises:
+        ConfigError: a file exists but cannot be removed (one line naming it).
+    """
+    from servesim.errors import ConfigError
+
+    for name in names:
+        path = Path(folder) / name
+        try:
+            path.unlink(missing_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot remove the file of an earlier run ({exc.strerror})") from None
+
+
+@contextmanager
+def replacing_outputs(folder: str | Path, names: tuple[str, ...] | list[str]) -> Iterator[None]:
+    """The block computes new versions of the outputs ``names`` in ``folder``; if it raises (a failed
+    simulation, Ctrl-C), the earlier run's files are removed, so that none is left looking like the result
+    of the command that failed.
+
+    Raises:
+        whatever the block raises; ConfigError if a file cannot be removed.
+    """
+    try:
+        yield
+    except BaseException:
+        remove_stale(folder, list(names))
         raise
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
+import threading
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,16 +65,39 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     return parser, modules
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the ``servesim`` console script; returns the exit status."""
-    from servesim.errors import ServesimError
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (``timeout``, Slurm, Kubernetes): handled like Ctrl-C, so that finished work is kept
+    and worker processes are stopped (:mod:`servesim.sweep.executors`)."""
 
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    raise Terminated()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``servesim`` console script; returns the exit status.
+
+    Exit status: 0 success, 1 a command's own failure report (e.g. failed sweep runs), 2 a user error (one
+    line on stderr), 130 Ctrl-C, 143 SIGTERM.
+    """
     if argv is None:
         argv = sys.argv[1:]
     parser, modules = build_parser(argv)
     args = parser.parse_args(argv)
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
-        return int(modules[args.command].run(args) or 0)
+        return _run(modules[args.command], args)
+    finally:
+        if in_main_thread and previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _run(module, args: argparse.Namespace) -> int:
+    from servesim.errors import ServesimError
+
+    try:
+        return int(module.run(args) or 0)
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
@@ -80,6 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         # e.g. --out names an existing file: a user mistake, said in one line
         print(f"servesim: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("servesim: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
         return 130

@@ -108,7 +108,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         from servesim.speculation.config import SpeculativeConfig
         from servesim.speculation.costs import build_drafter
 
-        spec = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")
+        spec = validate(SpeculativeConfig, cfg.speculative_config, "config", key_prefix="speculative_config")
         drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
     blocks = kv_cache_blocks(
         hardware,

@@ -175,3 +175,72 @@ def test_cli_bad_slo_is_one_line_error(tmp_path, capsys):
                    "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert status == 2 and err.count("\n") == 1 and "--slo" in err
+
+
+class ConstantSimulate(FakeSimulate):
+    """itl p99 = ``value`` s at every rate (an SLO met at every rate, or at none)."""
+
+    def __init__(self, value):
+        super().__init__()
+        self.value = value
+
+    def __call__(self, config, *, seed=None, base_dir=None):
+        result = super().__call__(config, seed=seed, base_dir=base_dir)
+        result.summary["itl_s"] = {"p99": self.value, "mean": self.value}
+        return result
+
+
+def test_search_is_bounded_when_the_slo_is_always_or_never_met():
+    from servesim.analysis.capacity import MAX_RATE_STEPS
+    from servesim.analysis.capacity_command import format_result
+
+    search = CapacitySearch(poisson_cfg(2.0), Path("."), [parse_slo("itl_p99=1")], replications=1,
+                            simulate=ConstantSimulate(0.5))
+    always = search.max_rate()
+    assert always.capped and always.capacity == 2.0 * 2**MAX_RATE_STEPS
+    assert len(always.evaluations) == MAX_RATE_STEPS + 1 and always.stopped == f"after {MAX_RATE_STEPS} doublings"
+    assert "meets the SLOs at every rate up to 2.097e+06 requests/s" in format_result(always, search)
+    search = CapacitySearch(poisson_cfg(2.0), Path("."), [parse_slo("itl_p99=1")], replications=1,
+                            simulate=ConstantSimulate(5.0))
+    never = search.max_rate()
+    assert never.capacity is None and never.lowest_rate == 2.0 / 2**MAX_RATE_STEPS
+    assert len(never.evaluations) == MAX_RATE_STEPS + 1
+    assert "meets the SLOs at no rate down to 1.907e-06 requests/s" in format_result(never, search)
+
+
+@pytest.mark.parametrize(("slo", "answer"), [("ttft_p99=1000", "meets the SLOs at every rate up to "),
+                                             ("ttft_p99=0.000001", "meets the SLOs at no rate down to ")])
+def test_capacity_command_answers_when_no_boundary_exists(tmp_path, capsys, slo, answer):
+    import yaml
+
+    from servesim.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": {
+        "type": "poisson", "rate": 5.0, "num_requests": 20, "prompt_tokens": {"type": "fixed", "value": 100},
+        "output_tokens": {"type": "fixed", "value": 10}}}))
+    assert main(["capacity", str(cfg), "--slo", slo, "--replications", "1", "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 0
+    assert answer in capsys.readouterr().out
+    frame = pd.read_csv(tmp_path / "o" / "capacity.csv")
+    assert len(frame) <= 21 and frame["passed"].nunique() == 1
+
+
+def test_request_growth_bounds_doubling_only_without_max_rate():
+    class GrowingSimulate(ConstantSimulate):
+        def __call__(self, config, *, seed=None, base_dir=None):
+            result = super().__call__(config, seed=seed, base_dir=base_dir)
+            result.summary["num_requests"] = result.summary["completed"] = int(10 * config["workload"]["rate"])
+            return result
+
+    from servesim.analysis.capacity import MAX_REQUEST_GROWTH
+
+    def search():
+        return CapacitySearch(poisson_cfg(1.0), Path("."), [parse_slo("itl_p99=1")], replications=1,
+                              simulate=GrowingSimulate(0.5))
+
+    free = search().max_rate()
+    assert free.capped and free.capacity == 2 * MAX_REQUEST_GROWTH  # 32 x the first point's requests: stop
+    assert free.stopped == f"at {MAX_REQUEST_GROWTH}x the first point's requests"
+    bounded = search().max_rate(max_rate=1000.0)
+    assert bounded.capped and bounded.capacity == 1000.0 and bounded.stopped is None

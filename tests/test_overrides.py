@@ -88,7 +88,7 @@ def test_non_mapping_config_is_rejected():
          {"method": "ngram", "prompt_lookup_max": 4}),
         ("  engine.max_num_seqs =64", "engine.max_num_seqs", 64),
         ("note=a=b", "note", "a=b"),
-        ("seed=", "seed", None),
+        ("seed=null", "seed", None),
         ("name='128'", "name", "128"),
     ],
 )
@@ -96,7 +96,8 @@ def test_parse_assignment_values_follow_yaml(text, key, value):
     assert parse_assignment(text) == (key, value)
 
 
-@pytest.mark.parametrize("text", ["engine.max_num_seqs", "=3", "a..b=1", "x=[1, 2", "x={a: 1"])
+@pytest.mark.parametrize("text", ["engine.max_num_seqs", "=3", "a..b=1", "x=[1, 2", "x={a: 1", "seed=", "seed=  ",
+                                  "x={a: 1, a: 2}"])
 def test_malformed_assignment_is_one_line_config_error(text):
     with pytest.raises(ConfigError) as exc:
         parse_assignment(text)

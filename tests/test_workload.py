@@ -428,7 +428,7 @@ def test_empirical_lengths():
 )
 def test_length_config_errors(data, message):
     bad = {"type": "poisson", "rate": 1, "num_requests": 3, "prompt_tokens": data, "output_tokens": FIXED}
-    with pytest.raises(ConfigError, match=rf"test\.yaml: poisson\.prompt_tokens.*{message}"):
+    with pytest.raises(ConfigError, match=rf"test\.yaml: prompt_tokens.*{message}"):
         cfg(bad)
 
 
@@ -507,17 +507,17 @@ SYN = {"prompt_tokens": FIXED, "output_tokens": FIXED}
     [
         ({"type": "poisson", "rate": 1, **SYN}, "exactly one of num_requests and duration_s"),
         ({"type": "poisson", "rate": 1, "num_requests": 3, "duration_s": 3, **SYN}, "exactly one"),
-        ({"type": "poisson", "rate": 0, "num_requests": 3, **SYN}, r"poisson\.rate"),
-        ({"type": "gamma", "rate": 1, "num_requests": 3, **SYN}, r"gamma\.cv: required key is missing"),
+        ({"type": "poisson", "rate": 0, "num_requests": 3, **SYN}, r"test\.yaml: rate: "),
+        ({"type": "gamma", "rate": 1, "num_requests": 3, **SYN}, r"test\.yaml: cv: required key is missing"),
         ({"type": "closed_loop", "concurrency": 2, "num_requests": 3, "prompt_tokens": FIXED}, "give prompt_tokens"),
         (
             {"type": "closed_loop", "concurrency": 2, "num_requests": 3, **SYN,
              "lengths": {"type": "empirical", "path": "x"}},
             "not both",
         ),
-        ({"type": "trace", "path": "x.csv", "rate_scale": 0}, r"trace\.rate_scale"),
-        ({"type": "trace", "path": "x.csv", "bucket_policy": "smear"}, r"trace\.bucket_policy"),
-        ({"type": "trace", "path": "x.csv", "speed": 2}, r"trace\.speed: unknown key"),
+        ({"type": "trace", "path": "x.csv", "rate_scale": 0}, r"test\.yaml: rate_scale: "),
+        ({"type": "trace", "path": "x.csv", "bucket_policy": "smear"}, r"test\.yaml: bucket_policy: "),
+        ({"type": "trace", "path": "x.csv", "speed": 2}, r"test\.yaml: speed: unknown key"),
         ({"type": "replay"}, "does not match any of the expected tags"),
     ],
 )
@@ -538,7 +538,7 @@ def test_example_workload_files_load_and_build():
 def test_load_workload_config_reports_the_file(tmp_path):
     p = tmp_path / "w.yaml"
     p.write_text("type: poisson\nrate: fast\n")
-    with pytest.raises(ConfigError, match=r"w\.yaml: poisson\.rate"):
+    with pytest.raises(ConfigError, match=r"w\.yaml: rate: "):
         load_workload_config(p)
 
 

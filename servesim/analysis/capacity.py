@@ -21,10 +21,15 @@ have no rate and are refused.
 Search (the pass/fail outcome is assumed monotone in the rate and in the replica count):
 
 * rate: start at the config's own rate r0; double while passing (up to ``max_rate``), halve while
-  failing (at most 20 times), then bisect between the highest passing rate ``lo`` and the lowest failing
-  rate ``hi`` until ``hi - lo <= tolerance x lo``. The capacity is ``lo``: it meets the SLOs, and a rate
-  more than ``tolerance`` above it does not. If even ``max_rate`` passes, the capacity is ``max_rate``
-  (reported as capped).
+  failing, then bisect between the highest passing rate ``lo`` and the lowest failing rate ``hi`` until
+  ``hi - lo <= tolerance x lo``. The capacity is ``lo``: it meets the SLOs, and a rate more than
+  ``tolerance`` above it does not. The search is bounded: without ``max_rate``, at most
+  :data:`MAX_RATE_STEPS` doublings (a factor of about 10^6), stopping also once a point holds
+  :data:`MAX_REQUEST_GROWTH` times the requests of the first point (a workload of fixed ``duration_s``
+  grows with the rate); at most :data:`MAX_RATE_STEPS` halvings; and a rate beyond the start that cannot
+  be simulated (arrivals past the engine's clock) ends the search in that direction. If every rate tried
+  passes, the capacity is the highest one (reported as capped: "meets the SLOs at every rate up to X");
+  if none passes it is None, with the lowest rate tried ("at no rate down to Y").
 * replicas (target rate given): R = 1, 2, 4, ... (up to ``max_replicas``) until one passes, then integer
   bisection between the last failing and the first passing count: the fewest replicas that pass.
 """
@@ -46,6 +51,10 @@ METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 STATS = ("mean", "p50", "p90", "p95", "p99")
 #: Metrics that also have a per-request objective (used for the SLO attainment / goodput).
 PER_REQUEST = ("ttft", "tpot", "e2e")
+#: Most doublings, and most halvings, of the rate from the start rate (2**20: about 10^6 either way).
+MAX_RATE_STEPS = 20
+#: Doubling stops once a point has this many times the requests of the first point evaluated.
+MAX_REQUEST_GROWTH = 16
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,7 @@ class Evaluation:
     completed_share: float
     passed: bool
     per_replication: list[dict[str, float]] = field(default_factory=list)
+    num_requests: int = 0
 
     def row(self) -> dict[str, Any]:
         """A flat dict for ``capacity.csv``."""
@@ -141,9 +151,12 @@ class CapacityResult:
         mode: ``"rate"`` or ``"replicas"``.
         capacity: highest passing rate (requests/s; mode rate) or fewest passing replicas (mode replicas);
             None when no point passed.
-        capped: mode rate: even ``max_rate`` passed; mode replicas: ``max_replicas`` failed.
+        capped: mode rate: every rate tried passed (up to ``max_rate``, or until the search's bound);
+            mode replicas: ``max_replicas`` failed.
         evaluations: every evaluated point, in evaluation order.
         slos, goodput_share, tolerance, replications: the search's settings.
+        stopped: mode rate, when the search ended at a bound rather than between a passing and a failing
+            rate: why, as words following "the search stopped" (``"after 20 doublings"``); None otherwise.
     """
 
     mode: str
@@ -154,6 +167,17 @@ class CapacityResult:
     goodput_share: float | None
     tolerance: float
     replications: int
+    stopped: str | None = None
+
+    @property
+    def lowest_rate(self) -> float | None:
+        """The lowest rate evaluated (requests/s), None before any evaluation."""
+        return min((ev.rate for ev in self.evaluations), default=None)
+
+    @property
+    def highest_rate(self) -> float | None:
+        """The highest rate evaluated (requests/s), None before any evaluation."""
+        return max((ev.rate for ev in self.evaluations), default=None)
 
 
 def trace_mean_rate(cfg: SimConfig, folder: Path) -> float:
@@ -252,7 +276,7 @@ class CapacitySearch:
         data, scale = self.axis.apply(self.data, rate)
         replicas = replicas or self.cfg.deployment.replicas
         data["deployment"] = dict(data["deployment"], replicas=replicas)
-        reps, attain, good, rthr, othr, done = [], [], [], [], [], []
+        reps, attain, good, rthr, othr, done, counts = [], [], [], [], [], [], []
         for i in range(self.replications):
             seed = np.random.SeedSequence(entropy=self.cfg.seed, spawn_key=(i,))
             result = self.simulate(data, seed=seed, base_dir=self.folder)
@@ -269,12 +293,14 @@ class CapacitySearch:
             rthr.append(summary["request_throughput"])
             othr.append(summary["output_throughput"])
             done.append(summary["completed"] / max(summary["num_requests"], 1))
+            counts.append(int(summary["num_requests"]))
         values = {s.name: float(np.mean([r[s.name] for r in reps])) for s in self.slos}
         passed = min(done) >= 1.0 and all(values[s.name] <= s.target_s for s in self.slos)
         if self.goodput_share is not None:
             passed = passed and float(np.mean(attain)) >= self.goodput_share
         ev = Evaluation(rate, replicas, scale, values, float(np.mean(attain)), float(np.mean(good)),
-                        float(np.mean(rthr)), float(np.mean(othr)), float(min(done)), bool(passed), reps)
+                        float(np.mean(rthr)), float(np.mean(othr)), float(min(done)), bool(passed), reps,
+                        max(counts))
         self.evaluations.append(ev)
         if self.progress is not None:
             self.progress(ev)
@@ -296,26 +322,45 @@ class CapacitySearch:
             r = min(r, max_rate)
         lo = hi = None
         capped = False
-        if self.evaluate(r).passed:
+        stopped = None
+        first = self.evaluate(r)
+        if first.passed:
             lo = r
-            while True:
+            # with max_rate the user bounds the search; without it, at most MAX_RATE_STEPS doublings
+            steps = MAX_RATE_STEPS if max_rate is None else max(MAX_RATE_STEPS, math.ceil(math.log2(max_rate / r)) + 1)
+            for _ in range(steps):
                 nxt = 2 * lo if max_rate is None else min(2 * lo, max_rate)
                 if nxt == lo:
-                    capped = True
                     break
-                if self.evaluate(nxt).passed:
+                grown = self.evaluations[-1].num_requests > MAX_REQUEST_GROWTH * max(first.num_requests, 1)
+                if max_rate is None and grown:
+                    stopped = f"at {MAX_REQUEST_GROWTH}x the first point's requests"
+                    break
+                ev, why = self._explore(nxt)
+                if ev is None:
+                    stopped = why
+                    break
+                if ev.passed:
                     lo = nxt
                 else:
                     hi = nxt
                     break
+            else:
+                stopped = f"after {MAX_RATE_STEPS} doublings"
+            capped = hi is None
         else:
             hi = r
-            for _ in range(20):
-                nxt = hi / 2
-                if self.evaluate(nxt).passed:
-                    lo = nxt
+            for _ in range(MAX_RATE_STEPS):
+                ev, why = self._explore(hi / 2)
+                if ev is None:
+                    stopped = why
                     break
-                hi = nxt
+                if ev.passed:
+                    lo = hi / 2
+                    break
+                hi = hi / 2
+            else:
+                stopped = f"after {MAX_RATE_STEPS} halvings"
         if lo is not None and hi is not None:
             while hi - lo > tolerance * lo:
                 mid = (lo + hi) / 2
@@ -324,7 +369,19 @@ class CapacitySearch:
                 else:
                     hi = mid
         return CapacityResult("rate", lo, capped, list(self.evaluations), self.slos, self.goodput_share, tolerance,
-                              self.replications)
+                              self.replications, stopped if lo is None or capped else None)
+
+    def _explore(self, rate: float) -> tuple[Evaluation | None, str | None]:
+        """Evaluate an exploratory rate (beyond the start rate); ``(None, why)`` when it cannot be simulated
+        (e.g. arrivals past the engine's clock at a tiny rate), which ends the search in that direction."""
+        from servesim.errors import ServesimError
+
+        if not (math.isfinite(rate) and rate > 0):
+            return None, f"at {rate:g} requests/s, which cannot be simulated"
+        try:
+            return self.evaluate(rate), None
+        except ServesimError as exc:
+            return None, f"at {rate:.4g} requests/s, which cannot be simulated ({exc})"
 
     def min_replicas(self, target_rate: float, *, max_replicas: int = 64) -> CapacityResult:
         """Fewest replicas that pass at ``target_rate`` (requests/s); see the module docstring.

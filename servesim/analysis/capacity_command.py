@@ -20,6 +20,10 @@ import argparse
 from pathlib import Path
 
 
+#: Files ``servesim capacity`` writes into ``--out``.
+CAPACITY_OUTPUTS = ("capacity.csv", "slo_attainment.csv", "slo_attainment.png")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``capacity`` options to ``parser``."""
     parser.add_argument("config", help="run config (YAML) with an open-loop workload (trace, poisson, gamma)")
@@ -49,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: invalid config, SLO or option (one line).
     """
     from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slo
+    from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.commands.run import parse_overrides
     from servesim.config.models import load_config
     from servesim.errors import ConfigError
@@ -61,10 +66,11 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--max-requests: expected >= 1 (got {args.max_requests})")
         cfg0, _ = load_config(args.config, overrides)
         key = "workload.max_requests" if cfg0.workload.type == "trace" else "workload.num_requests"
-        overrides[key] = args.max_requests
+        overrides.append((key, args.max_requests))
         if cfg0.workload.type in ("poisson", "gamma"):
-            overrides["workload.duration_s"] = None
+            overrides.append(("workload.duration_s", None))
     cfg, folder = load_config(args.config, overrides)
+    out = prepare_output_dir(args.out)  # before the search: an unwritable --out fails at once
 
     def progress(ev) -> None:
         if not args.quiet:
@@ -74,15 +80,11 @@ def run(args: argparse.Namespace) -> int:
 
     search = CapacitySearch(cfg, folder, slos, replications=args.replications, goodput_share=args.goodput_share,
                             progress=progress)
-    if args.replicas is not None:
-        result = search.min_replicas(args.replicas, max_replicas=args.max_replicas)
-    else:
-        result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
-    out = args.out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out: cannot create {out} ({exc.strerror})") from None
+    with replacing_outputs(out, CAPACITY_OUTPUTS):
+        if args.replicas is not None:
+            result = search.min_replicas(args.replicas, max_replicas=args.max_replicas)
+        else:
+            result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
     frame = capacity_frame(result)
     write_csv(frame, out / "capacity.csv")
     table = plot_slo_attainment(frame, result, out / "slo_attainment.png")
@@ -103,15 +105,18 @@ def format_result(result, search) -> str:
     targets = ", ".join(f"{s.name} <= {s.target_s:g} s" for s in result.slos)
     share = f", attainment >= {result.goodput_share:g}" if result.goodput_share is not None else ""
     if result.mode == "rate":
+        why = f"; the search stopped {result.stopped}" if result.stopped else ""
         if result.capacity is None:
-            answer = "no rate tried meets the SLOs"
+            answer = f"meets the SLOs at no rate down to {result.lowest_rate:.4g} requests/s{why}"
+        elif result.capped:
+            answer = (f"meets the SLOs at every rate up to {result.capacity:.4g} requests/s (the highest rate "
+                      f"tried{why}; raise --max-rate to look further)")
         else:
             answer = f"capacity: {result.capacity:.3f} requests/s"
             if search.axis.kind == "trace":
                 answer += f" (rate_scale {result.capacity / search.axis.trace_rate:.3f} x trace mean " \
                           f"{search.axis.trace_rate:.3f} req/s)"
-            answer += " (the highest rate tried; raise --max-rate)" if result.capped else \
-                f" (within {100 * result.tolerance:g}%)"
+            answer += f" (within {100 * result.tolerance:g}%)"
     else:
         rate = result.evaluations[0].rate if result.evaluations else float("nan")
         answer = (f"no replica count up to the limit serves {rate:g} requests/s" if result.capacity is None
@@ -165,7 +170,8 @@ def plot_slo_attainment(frame, result, path: Path):
         for ax in (ax1, ax2):
             ax.axvline(float(result.capacity), color="black", linestyle=":", linewidth=1.2, label=label)
     for ax in (ax1, ax2):  # below the panels: never over a curve
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
+        if ax.get_legend_handles_labels()[0]:  # nothing to name when no share is required and nothing passed
+            ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
     fig.tight_layout()
     save_png_svg(fig, path, svg=False)
     return table

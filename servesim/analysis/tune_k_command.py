@@ -20,6 +20,10 @@ import json
 from pathlib import Path
 
 
+#: Files ``servesim tune-k`` writes into ``--out``.
+TUNE_K_OUTPUTS = ("tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``tune-k`` options to ``parser``."""
     parser.add_argument("config", help="run config (YAML) with a speculative_config (method, acceptance)")
@@ -71,9 +75,9 @@ def run(args: argparse.Namespace) -> int:
     """
     from servesim.analysis.capacity import parse_slo
     from servesim.analysis.tune_k import tune_k
+    from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.commands.run import parse_overrides
     from servesim.config.models import load_config
-    from servesim.errors import ConfigError
     from servesim.sweep.executors import open_executor
     from servesim.sweep.store import atomic_write_text
     from servesim.sweep.tables import write_csv
@@ -81,21 +85,17 @@ def run(args: argparse.Namespace) -> int:
     slos = [parse_slo(s) for s in args.slo]
     sizes = parse_batch_sizes(args.batch_sizes)
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, None))
+    out = prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
 
     def progress(row: dict) -> None:
         if not args.quiet:
             print(f"  batch {row['batch_size']:5d}  {row['variant']:>6}  rep {row['replication']}  "
                   f"{row['output_throughput']:10.1f} output tok/s", flush=True)
 
-    with open_executor(None, args.jobs) as executor:
+    with replacing_outputs(out, TUNE_K_OUTPUTS), open_executor(None, args.jobs) as executor:
         result = tune_k(cfg, folder, k_max=args.k_max, batch_sizes=sizes, slos=slos,
                         replications=args.replications, requests_per_client=args.requests_per_client,
                         boundary=args.boundary, executor=executor, progress=progress)
-    out = args.out
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"--out: cannot create {out} ({exc.strerror})") from None
     atomic_write_text(out / "tune_k.json", json.dumps(result.to_json(), indent=2) + "\n")
     write_csv(result.grid, out / "tune_k_grid.csv")
     write_csv(result.check, out / "tune_k_check.csv")

@@ -25,11 +25,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Run the cases, print the report, write the CSV and PNG; returns 0 (errors raise ServesimError)."""
     from servesim.analysis.validation import format_table, load_cases, plot, run_cases, write_csv
+    from servesim.atomic import prepare_output_dir
     from servesim.errors import ConfigError
 
     cases = load_cases(list(args.cases), fast_only=args.fast)
     if not cases:
         raise ConfigError("validate: no cases to run (none marked fast: true?)")
+    prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
     results = run_cases(cases, progress=lambda name: print(f"running {name}", file=sys.stderr))
     print(format_table(results, markdown=args.markdown))
     inside = sum(r.within for r in results)

@@ -11,6 +11,11 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
+
+
+#: Files ``servesim run`` writes into ``--out``.
+RUN_OUTPUTS = ("summary.json", "requests.csv", "steps.csv", "latency.png")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,28 +58,32 @@ def _seed(text: str) -> int:
     return value
 
 
-def parse_overrides(assignments: list[str], speculative_json: str | None, llama_cpp_flags: str | None = None) -> dict:
+def parse_overrides(
+    assignments: list[str], speculative_json: str | None, llama_cpp_flags: str | None = None
+) -> list[tuple[str, Any]]:
     """Turn ``--set`` assignments and ``--speculative-config`` (or ``--llama-cpp-spec``) into dotted overrides.
 
-    ``--llama-cpp-spec`` replaces ``speculative_config`` BEFORE the ``--set`` assignments (so they can add
-    servesim keys such as ``speculative_config.acceptance``); ``--spec-type none`` removes speculation.
+    ``--speculative-config`` (or ``--llama-cpp-spec``) replaces ``speculative_config`` FIRST, then the
+    ``--set`` assignments apply in the order given (so ``--set speculative_config.num_speculative_tokens=5``
+    refines the JSON, and a later ``--set`` of the same key wins); ``--spec-type none`` removes speculation.
+
+    Returns:
+        ``(dotted key, value)`` pairs in the order to apply them (see :func:`servesim.config.models.load_config`).
 
     Raises:
-        ConfigError: invalid JSON or flags, or both ``--speculative-config`` and ``--llama-cpp-spec``.
+        ConfigError: invalid JSON or flags, an invalid ``--set``, or both ``--speculative-config`` and
+            ``--llama-cpp-spec``.
     """
     from servesim.config.overrides import parse_assignment
     from servesim.errors import ConfigError
 
-    overrides = {}
+    overrides: list[tuple[str, Any]] = []
     if llama_cpp_flags is not None:
         if speculative_json is not None:
             raise ConfigError("--llama-cpp-spec and --speculative-config are mutually exclusive: give one")
         from servesim.speculation.llamacpp import parse_llamacpp_flags
 
-        overrides["speculative_config"] = parse_llamacpp_flags(llama_cpp_flags, "--llama-cpp-spec")
-    for text in assignments:
-        key, value = parse_assignment(text)
-        overrides[key] = value
+        overrides.append(("speculative_config", parse_llamacpp_flags(llama_cpp_flags, "--llama-cpp-spec")))
     if speculative_json is not None:
         try:
             spec = json.loads(speculative_json)
@@ -82,7 +91,9 @@ def parse_overrides(assignments: list[str], speculative_json: str | None, llama_
             raise ConfigError(f"--speculative-config: invalid JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(spec, dict):
             raise ConfigError("--speculative-config: expected a JSON object")
-        overrides["speculative_config"] = spec
+        overrides.append(("speculative_config", spec))
+    for text in assignments:
+        overrides.append(parse_assignment(text))
     return overrides
 
 
@@ -90,17 +101,20 @@ def run(args: argparse.Namespace) -> int:
     from servesim.config.models import load_config
     from servesim.metrics import format_summary_table, write_outputs
     from servesim.api import simulate
+    from servesim.atomic import prepare_output_dir, remove_stale, replacing_outputs
 
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
                                                           getattr(args, "llama_cpp_spec", None)))
-    result = simulate(cfg, seed=args.seed, base_dir=folder)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
+    with replacing_outputs(out_dir, RUN_OUTPUTS):
+        result = simulate(cfg, seed=args.seed, base_dir=folder)
     summary = dict(result.summary)
     summary["setup"] = result.info
     summary["seed"] = cfg.seed if args.seed is None else args.seed
     write_outputs(result.output, summary, out_dir)
-    if not args.no_plot:
+    if args.no_plot:
+        remove_stale(out_dir, ["latency.png"])  # an earlier run's figure must not sit beside these CSVs
+    else:
         from servesim.plots.latency import plot_latency
 
         plot_latency(result.output, summary, out_dir / "latency.png")

@@ -18,16 +18,55 @@ from servesim.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 
-def load_yaml(path: str | Path) -> Any:
-    """Read a YAML file with ``yaml.safe_load``.
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A YAML mapping names the same key twice (``yaml.safe_load`` would silently keep the last one)."""
+
+
+class StrictSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a duplicate key (raises :class:`DuplicateKeyError`).
+
+    A key written in a mapping may still override one merged into it with ``<<: *anchor`` (YAML's merge
+    key): that is the merge key's purpose, not a duplicate.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: set = set()
+        if isinstance(node, yaml.MappingNode):
+            # only the keys written in this mapping: a key may override one merged in with ``<<: *anchor``
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    duplicate = key in seen
+                except TypeError:  # an unhashable key: the base class reports it
+                    break
+                if duplicate:
+                    raise DuplicateKeyError(None, None, f"duplicate key {key!r}", key_node.start_mark)
+                seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_strict(text: str) -> Any:
+    """``yaml.safe_load`` that also refuses duplicate keys in a mapping.
 
     Raises:
-        ConfigError: the file is missing, unreadable, or not valid YAML (the message gives the line).
+        yaml.YAMLError: invalid YAML or a duplicate key (:class:`DuplicateKeyError`, with its mark).
+    """
+    return yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
+
+
+def load_yaml(path: str | Path) -> Any:
+    """Read a YAML file with a safe loader that also refuses duplicate keys.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not UTF-8, not valid YAML, or names a key twice in
+            one mapping (the message gives the line).
     """
     p = Path(path)
     text = read_text(p)
     try:
-        return yaml.safe_load(text)
+        return safe_load_strict(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -39,15 +78,26 @@ def read_text(path: str | Path) -> str:
     """Read a UTF-8 text file.
 
     Raises:
-        ConfigError: the file is missing or unreadable (one line naming it).
+        ConfigError: the file is missing, unreadable or not UTF-8 text (one line naming it and, for bad
+            bytes, the line and the byte offset).
     """
     p = Path(path)
     try:
         return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"{p}: file not found") from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(not_utf8_message(p, exc)) from None
     except OSError as exc:
         raise ConfigError(f"{p}: cannot read file ({exc.strerror})") from None
+
+
+def not_utf8_message(path: str | Path, exc: UnicodeDecodeError) -> str:
+    """One line saying that ``path`` is not UTF-8 text, with the line and byte offset of the first bad byte."""
+    line = exc.object[: exc.start].count(b"\n") + 1 if isinstance(exc.object, bytes) else None
+    where = f" line {line}," if line is not None else ""
+    return (f"{path}:{where} byte {exc.start}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+            "save the file as UTF-8")
 
 
 def load_json(path: str | Path) -> Any:
@@ -65,10 +115,59 @@ def load_json(path: str | Path) -> Any:
         raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
 
 
-def format_validation_error(exc: ValidationError, source: str) -> str:
-    """Turn a pydantic ``ValidationError`` into one line naming ``source`` and the first bad field."""
+def user_path(loc: tuple, data: Any = None) -> str:
+    """The dotted path a user can type with ``--set`` for a pydantic error location ``loc``.
+
+    pydantic puts the tags of unions into the location (``workload.trace.rate_scale`` for the ``trace``
+    member of the workload union, ``hardware.str`` for the ``str`` member of ``str | dict``). Walking the
+    validated ``data`` drops them: a part is kept when it is a key (or list index) of the data at that
+    level, or when it is the last part (a missing or unknown key); any other part is a tag and dropped,
+    as are the parts below a scalar.
+
+    Args:
+        loc: pydantic's ``error["loc"]``.
+        data: the input that was validated (a mapping); None keeps every part that is not a tag.
+    """
+    parts = [part for part in loc if not _is_union_tag(part)]
+    if data is None:
+        return ".".join(str(part) for part in parts)
+    kept: list[str] = []
+    node: Any = data
+    for i, part in enumerate(parts):
+        found, child = _child(node, part)
+        if found:
+            kept.append(str(part))
+            node = child
+            continue
+        if not isinstance(node, (dict, list)):
+            break  # a scalar has no keys: the remaining parts are union tags (``str``, ``int`` ...)
+        if i + 1 < len(parts):
+            continue  # not a key of the data and not the last part: a tag
+        kept.append(str(part))  # the missing or unknown key itself
+    return ".".join(kept)
+
+
+def _child(node: Any, part: Any) -> tuple[bool, Any]:
+    if isinstance(node, dict):
+        for key in (part, str(part)) + ((int(part),) if isinstance(part, str) and part.isdigit() else ()):
+            if key in node:
+                return True, node[key]
+        return False, None
+    if isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+        return True, node[part]
+    return False, None
+
+
+def format_validation_error(exc: ValidationError, source: str, data: Any = None, key_prefix: str | None = None) -> str:
+    """Turn a pydantic ``ValidationError`` into one line naming ``source`` and the first bad field.
+
+    The field is written as a dotted key that ``--set`` accepts (see :func:`user_path`; pass the
+    validated ``data`` for that), after ``key_prefix`` when the data sits at that key of a run config.
+    """
     err = exc.errors()[0]
-    loc = ".".join(str(part) for part in err.get("loc", ()) if not _is_union_tag(part))
+    loc = user_path(tuple(err.get("loc", ())), data)
+    if key_prefix:
+        loc = f"{key_prefix}.{loc}" if loc else key_prefix
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):  # pydantic's prefix for our own validators' messages
         msg = msg[len("Value error, "):]
@@ -93,13 +192,15 @@ def _is_union_tag(part: Any) -> bool:
     return isinstance(part, str) and ("[" in part or part.startswith("function-"))
 
 
-def validate(model: type[M], data: Any, source: str) -> M:
+def validate(model: type[M], data: Any, source: str, *, key_prefix: str | None = None) -> M:
     """Validate ``data`` against the pydantic ``model``.
 
     Args:
         model: the pydantic model class.
         data: the parsed YAML/JSON/Python mapping.
         source: what to name in the error (a file path, or e.g. ``--speculative-config``).
+        key_prefix: the dotted key of ``data`` inside a run config (e.g. ``speculative_config``), so that
+            the field path in the message is a key ``--set`` accepts.
 
     Raises:
         ConfigError: one line ``source: field.path: message (got value)``.
@@ -109,4 +210,6 @@ def validate(model: type[M], data: Any, source: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(exc, source)) from None
+        raise ConfigError(
+            format_validation_error(exc, source, data if isinstance(data, dict) else None, key_prefix)
+        ) from None

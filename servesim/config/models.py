@@ -14,6 +14,7 @@ step-time model, the workload and the SLOs. Example::
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -117,13 +118,15 @@ class SimConfig(_Strict):
     speculative_config: dict[str, Any] | None = None
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[SimConfig, Path]:
+def load_config(
+    path: str | Path, overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None
+) -> tuple[SimConfig, Path]:
     """Read and validate a run config file.
 
     Args:
         path: the YAML file.
-        overrides: dotted keys to set before validation (``{"engine.max_num_seqs": 64}``), as
-            ``servesim run --set`` does.
+        overrides: dotted keys to set before validation, in order: a mapping
+            (``{"engine.max_num_seqs": 64}``) or ``(key, value)`` pairs, as ``servesim run --set`` gives.
 
     Returns:
         (config, folder of the file): relative paths inside the config resolve against that folder.
@@ -140,6 +143,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> tu
         from servesim.errors import ConfigError
 
         raise ConfigError(f"{p}: expected a mapping of config keys at the top level")
-    for key, value in (overrides or {}).items():
+    pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
+    for key, value in pairs:
         data = set_dotted(data or {}, key, value)
     return validate(SimConfig, data, str(p)), p.resolve().parent

@@ -6,8 +6,8 @@ both read and apply an override the same way:
 * a key is a dotted path of mapping keys (``engine.max_num_seqs``); each part is made of letters, digits,
   ``_`` and ``-``;
 * a value is parsed with ``yaml.safe_load`` (``128`` is an int, ``0.5`` a float, ``true`` a bool,
-  ``[1, 2]`` a list, ``{method: eagle, num_speculative_tokens: 3}`` or JSON a mapping, anything else a
-  string);
+  ``[1, 2]`` a list, ``{method: eagle, num_speculative_tokens: 3}`` or JSON a mapping, ``null`` None,
+  anything else a string); a value naming a key twice, and an empty value, are refused;
 * setting a key replaces what was there (a mapping value replaces the whole mapping, it is not merged);
   missing mappings on the way are created.
 """
@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from servesim.config.loading import safe_load_strict
 from servesim.errors import ConfigError
 
 _PART = re.compile(r"[A-Za-z0-9_\-]+")
@@ -99,12 +100,13 @@ def parse_assignment(text: str, *, source: str = "--set") -> tuple[str, Any]:
     """Parse ``"KEY=VALUE"`` into ``(key, value)``, the value read by ``yaml.safe_load``.
 
     ``parse_assignment("engine.max_num_seqs=128")`` returns ``("engine.max_num_seqs", 128)``;
-    ``"speculative_config={method: eagle, num_speculative_tokens: 3}"`` gives a mapping; ``"x="`` gives
-    ``None``. Only the first ``=`` splits, so values may contain ``=``. Spaces around the key are ignored.
+    ``"speculative_config={method: eagle, num_speculative_tokens: 3}"`` gives a mapping; ``"x=null"``
+    gives ``None`` (an empty value ``"x="`` is refused: it is usually a shell variable that was not set).
+    Only the first ``=`` splits, so values may contain ``=``. Spaces around the key are ignored.
 
     Raises:
-        ConfigError: no ``=``, an empty or malformed key, or a value that is not valid YAML (one line
-            naming ``source`` and the assignment).
+        ConfigError: no ``=``, an empty or malformed key, an empty value, or a value that is not valid
+            YAML or names a key twice (one line naming ``source`` and the assignment).
     """
     if not isinstance(text, str) or "=" not in text:
         raise ConfigError(f"{source}: expected KEY=VALUE such as engine.max_num_seqs=128 (got {text!r})")
@@ -113,8 +115,10 @@ def parse_assignment(text: str, *, source: str = "--set") -> tuple[str, Any]:
     if not key:
         raise ConfigError(f"{source}: missing key before '=' in {text!r} (expected KEY=VALUE)")
     split_key(key, source)
+    if not raw.strip():
+        raise ConfigError(f"{source}: {key}: empty value in {text!r} (expected KEY=VALUE; write {key}=null to unset)")
     try:
-        value = yaml.safe_load(raw)
+        value = safe_load_strict(raw)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ConfigError(f"{source}: {key}: value {raw!r} is not valid YAML ({problem})") from None

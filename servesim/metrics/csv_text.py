@@ -10,6 +10,13 @@ Number formats: integers in full; floats in positional notation rounded to :data
 significant digits, trailing zeros dropped (``0.0125``, ``1234.5``, ``0.000000027``, ``3``); NaN as an
 empty field. A float column holding infinities or magnitudes outside ``[1e-15, 1e15)`` falls back to
 ``repr`` per value.
+
+Full precision (``csv_chunks(..., full_precision=True)``, used for ``requests.csv`` and ``steps.csv``):
+every float reads back as the same float64. The engine's times are whole picoseconds divided by 1e12, so
+a value ``x`` for which ``p / 1e12 == x`` with ``p = rint(x * 1e12)`` is written as the exact decimal of
+``p`` picoseconds (``3504.340000123457``: at most 12 decimals), which parses back to ``x`` (IEEE division
+and decimal parsing are both correctly rounded); any other value (a TPOT, a share) is written with
+``repr``, the shortest text that reads back as ``x``.
 """
 
 from __future__ import annotations
@@ -169,25 +176,61 @@ def _float_parts(x: np.ndarray, sig: int = SIGNIFICANT_DIGITS) -> list[np.ndarra
     return parts
 
 
-def column_parts(x: np.ndarray) -> list[np.ndarray]:
+_PS_PER_S = 10**12
+_PS_LIMIT = float(2**53)  # picosecond counts below this are exact in float64
+
+
+def _exact_float_parts(x: np.ndarray) -> list[np.ndarray]:
+    """Character blocks of a float column written at full precision (see the module docstring)."""
+    x = x.astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore", over="ignore"):
+        ps = np.rint(x * float(_PS_PER_S))
+        on_grid = np.isfinite(ps) & (np.abs(ps) < _PS_LIMIT) & (ps / float(_PS_PER_S) == x)
+    on_grid &= ~np.isnan(x)
+    magnitude = np.where(on_grid, np.abs(ps), 0.0).astype(np.int64)
+    whole = magnitude // _PS_PER_S
+    fraction = (magnitude - whole * _PS_PER_S).astype(np.float64)  # 12 digits, exact in float64
+    parts = [(on_grid & (x < 0)).view(np.uint8)[:, None] * np.uint8(_MINUS),
+             _integer_chars(whole.astype(np.float64), _width(int(whole.max()) if whole.size else 0)),
+             (fraction != 0).view(np.uint8)[:, None] * np.uint8(_DOT),
+             _fraction_chars(fraction, 12)]
+    off = ~on_grid & ~np.isnan(x)
+    if not (off.any() or np.isnan(x).any()):
+        return parts
+    grid_chars = np.concatenate(parts, axis=1)
+    grid_chars[~on_grid] = 0  # NaN -> empty; off-grid rows are filled below
+    if not off.any():
+        return [grid_chars]
+    other = _fallback_chars(np.where(off, x, np.nan))
+    width = max(grid_chars.shape[1], other.shape[1])
+    chars = np.zeros((x.shape[0], width), dtype=np.uint8)
+    chars[:, :grid_chars.shape[1]] = grid_chars
+    chars[off] = 0
+    chars[off, :other.shape[1]] = other[off]
+    return [chars]
+
+
+def column_parts(x: np.ndarray, full_precision: bool = False) -> list[np.ndarray]:
     """Character blocks of one column, (n, width_i) uint8 each (0 = padding), to be laid side by side:
-    ints in full, floats per this module's format."""
+    ints in full, floats per this module's format (round-tripping every float64 with ``full_precision``)."""
     x = np.asarray(x)
     if x.dtype.kind == "b":
         x = x.astype(np.int64)
     if x.dtype.kind in "iu":
         return [_int_chars(x)]
     if x.dtype.kind == "f":
-        return _float_parts(x)
+        return _exact_float_parts(x) if full_precision else _float_parts(x)
     raise TypeError(f"cannot write a column of dtype {x.dtype} as CSV")
 
 
-def csv_chunks(columns: dict[str, np.ndarray]) -> list[bytes]:
+def csv_chunks(columns: dict[str, np.ndarray], full_precision: bool = False) -> list[bytes]:
     """The CSV text (header line, then one ``\\n``-terminated line per row) as a list of byte chunks.
 
     Args:
         columns: name -> 1-D int, bool or float array, all of shape (n,). Names must not contain commas,
             quotes or newlines.
+        full_precision: write floats so that they read back as the same float64 (see the module
+            docstring) instead of rounded to :data:`SIGNIFICANT_DIGITS` digits.
 
     Raises:
         ValueError: columns of different lengths.
@@ -205,13 +248,13 @@ def csv_chunks(columns: dict[str, np.ndarray]) -> list[bytes]:
         comma = np.full((rows, 1), _COMMA, dtype=np.uint8)
         parts = []
         for a in arrays:
-            parts.extend(column_parts(a[lo:lo + rows]))
+            parts.extend(column_parts(a[lo:lo + rows], full_precision))
             parts.append(comma)
         parts[-1] = np.full((rows, 1), _NEWLINE, dtype=np.uint8)
         chunks.append(np.concatenate(parts, axis=1).tobytes().translate(None, b"\x00"))
     return chunks
 
 
-def csv_bytes(columns: dict[str, np.ndarray]) -> bytes:
+def csv_bytes(columns: dict[str, np.ndarray], full_precision: bool = False) -> bytes:
     """The CSV file as one bytes object (see :func:`csv_chunks`)."""
-    return b"".join(csv_chunks(columns))
+    return b"".join(csv_chunks(columns, full_precision))

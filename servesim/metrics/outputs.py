@@ -68,7 +68,8 @@ def write_outputs(out: EngineOutput, summary: dict, out_dir: Path) -> None:
     * ``requests.csv``: one row per request, columns :data:`REQUEST_COLUMNS`.
     * ``steps.csv``: one row per :class:`StepLog` row, columns :data:`STEP_COLUMNS`.
 
-    CSV floats have 12 significant digits in positional notation and NaN is an empty field (see
+    CSV floats are written at full precision (each reads back as the same float64; the engine's
+    picosecond times as their exact decimal) and NaN is an empty field (see
     :mod:`servesim.metrics.csv_text`); lines end with ``\\n``. Each file is written atomically
     (:func:`atomic_write`).
 
@@ -79,5 +80,5 @@ def write_outputs(out: EngineOutput, summary: dict, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
     atomic_write(out_dir / "summary.json", [text.encode("utf-8")])
-    atomic_write(out_dir / "requests.csv", csv_chunks(request_columns(out)))
-    atomic_write(out_dir / "steps.csv", csv_chunks(step_columns(out)))
+    atomic_write(out_dir / "requests.csv", csv_chunks(request_columns(out), full_precision=True))
+    atomic_write(out_dir / "steps.csv", csv_chunks(step_columns(out), full_precision=True))

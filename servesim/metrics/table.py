@@ -13,7 +13,8 @@ def format_summary_table(summary: dict) -> str:
     """Render a :func:`~servesim.metrics.summary.summarize` dict as a fixed-width text table.
 
     Shows requests completed, duration (s), request/output/total token throughput (per second),
-    mean/p50/p99 of TTFT, TPOT, ITL and E2E in milliseconds, preemptions, goodput and SLO attainment
+    mean/p50/p99 of TTFT, TPOT, ITL and E2E in milliseconds (columns widen so that at least two
+    spaces separate them at any latency), preemptions, goodput and SLO attainment
     when present, and the saturation flag. Missing or undefined values print as ``-``.
 
     Returns:
@@ -25,12 +26,14 @@ def format_summary_table(summary: dict) -> str:
         f"{'Request throughput (req/s)':<28}{summary.get('request_throughput', 0.0):.2f}",
         f"{'Output throughput (tok/s)':<28}{summary.get('output_throughput', 0.0):.1f}",
         f"{'Total throughput (tok/s)':<28}{summary.get('total_token_throughput', 0.0):.1f}",
-        f"{'Latency (ms)':<28}{'mean':>10}{'p50':>10}{'p99':>10}",
     ]
-    for label, key in _LATENCIES:
-        stats = summary.get(key) or {}
-        lines.append(f"{'  ' + label:<28}{_ms(stats.get('mean')):>10}{_ms(stats.get('p50')):>10}"
-                     f"{_ms(stats.get('p99')):>10}")
+    cells = [[_ms((summary.get(key) or {}).get(stat)) for stat in ("mean", "p50", "p99")]
+             for _, key in _LATENCIES]
+    # at least two spaces between columns, however long the numbers (1000 s = 1000000.00 ms)
+    width = max([10] + [len(cell) + 2 for row in cells for cell in row])
+    lines.append(f"{'Latency (ms)':<28}" + "".join(f"{name:>{width}}" for name in ("mean", "p50", "p99")))
+    for (label, _), row in zip(_LATENCIES, cells):
+        lines.append(f"{'  ' + label:<28}" + "".join(f"{cell:>{width}}" for cell in row))
     lines.append(f"{'Preemptions':<28}{summary.get('preemptions', 0)}")
     if "goodput" in summary:
         lines.append(f"{'Goodput (req/s)':<28}{summary['goodput']:.2f}")

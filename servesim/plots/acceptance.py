@@ -42,6 +42,7 @@ def plot_acceptance(table: pd.DataFrame, out_png: Path) -> None:
     """``acceptance.png/.svg`` (grouped bars, one colour per group) and ``acceptance.csv``."""
     from servesim.plots.curves import save_png_svg
     from servesim.plots.style import pyplot
+    from servesim.sweep.tables import write_csv
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.0))
@@ -61,4 +62,4 @@ def plot_acceptance(table: pd.DataFrame, out_png: Path) -> None:
     fig.tight_layout()
     out_png = Path(out_png)
     save_png_svg(fig, out_png)
-    table.to_csv(out_png.with_suffix(".csv"), index=False)
+    write_csv(table, out_png.with_suffix(".csv"))

@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> int:
     from servesim.analysis.capacity import parse_slo
     from servesim.errors import ConfigError
     from servesim.plots.curves import THROUGHPUT_AXES, axis_labels, plot_latency_curves, plot_speedup
-    from servesim.plots.heatmap import parse_heatmap, plot_heatmap
+    from servesim.atomic import prepare_output_dir, remove_stale
+    from servesim.plots.heatmap import heatmap_columns, parse_heatmap, plot_heatmap
 
     summary, keys, speedup = read_sweep_dir(args.dir)
     columns = list(keys.values())
@@ -89,12 +90,15 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--x: expected one of {', '.join(THROUGHPUT_AXES)} or a swept column (got {args.x!r})")
     if summary.empty:
         raise ConfigError(f"{args.dir / 'summary.csv'}: no finished runs to plot")
+    for h in heatmaps:  # every check before the first figure is written
+        heatmap_columns(summary, h["x"], h["y"], h["metric"])
+    out = prepare_output_dir(out)
     # one curve per combination of the other swept columns (single-valued ones say nothing: skip them)
     group_cols = [c for c in columns if c != along and summary[c].nunique(dropna=False) > 1]
     if summary["variant"].nunique() > 1:
         group_cols.append("variant")
     written = []
-    path = Path(out) / "latency_vs_throughput.png"
+    path = out / "latency_vs_throughput.png"
     plot_latency_curves(summary, along, args.x, group_cols, path, slos, labels)
     written.append(path)
     if speedup is not None and not speedup.empty:
@@ -120,6 +124,10 @@ def run(args: argparse.Namespace) -> int:
             panel_cols.append("variant")
         path, _ = plot_heatmap(summary, h["x"], h["y"], h["metric"], panel_cols, Path(out), labels)
         written.append(path)
+    # figures an earlier plot of this folder drew and this one does not (the sweep changed): remove them
+    stale = {"speedup": ("speedup.png", "speedup.svg", "speedup_curve.csv"),
+             "acceptance": ("acceptance.png", "acceptance.svg", "acceptance.csv")}
+    remove_stale(out, [name for stem, names in stale.items() if out / f"{stem}.png" not in written for name in names])
     for p in written:
         print(f"wrote {p} (+ .svg, .csv)")
     return 0

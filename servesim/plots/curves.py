@@ -10,12 +10,12 @@ Confidence band of a mean over n replications: ``mean +- t(0.975, n-1) * sd / sq
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from servesim.atomic import atomic_file
 
 #: x-axis choices that are summary columns (throughputs achieved), with their axis labels.
 THROUGHPUT_AXES = {
@@ -81,15 +81,8 @@ def save_png_svg(fig, path: Path, svg: bool = True) -> list[Path]:
     written = []
     if svg:
         target = path.with_suffix(".svg")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                fig.savefig(handle, format="svg", bbox_inches="tight")
-            os.replace(tmp, target)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_file(target, "wb") as handle:
+            fig.savefig(handle, format="svg", bbox_inches="tight")
         written.append(target)
     written.insert(0, save_figure(fig, path))
     return written

@@ -33,6 +33,21 @@ def parse_heatmap(text: str) -> dict[str, str]:
     return parts
 
 
+def heatmap_columns(summary: pd.DataFrame, x: str, y: str, metric: str) -> None:
+    """Check that ``summary.csv`` has the heatmap's columns (``servesim plot`` calls it before drawing).
+
+    Raises:
+        ConfigError: a missing column (one line; for the metric, the metric columns there are).
+    """
+    for role, col in (("x", x), ("y", y)):
+        if col not in summary.columns:
+            raise ConfigError(f"--heatmap: {role}={col!r} is not a column of summary.csv")
+    if metric not in summary.columns:
+        known = [c for c in summary.columns if c not in ("variant", "replication", "seed", "point_id", x, y)]
+        raise ConfigError(f"--heatmap: metric={metric!r} is not a column of summary.csv "
+                          f"(e.g. {', '.join(known[:6])})")
+
+
 def heatmap_table(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols: list[str]) -> pd.DataFrame:
     """Mean of ``metric`` over replications per (panel, x, y): columns ``panel``, panel columns, x, y,
     ``mean``, ``n``.
@@ -40,9 +55,7 @@ def heatmap_table(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols
     Raises:
         ConfigError: a column is missing from ``summary.csv``.
     """
-    for col in (x, y, metric):
-        if col not in summary.columns:
-            raise ConfigError(f"--heatmap: no column {col!r} in summary.csv")
+    heatmap_columns(summary, x, y, metric)
     rows = []
     for key, g in summary.groupby(panel_cols + [x, y], sort=False, dropna=False):
         key = key if isinstance(key, tuple) else (key,)

@@ -2,7 +2,8 @@
 
 ``servesim acceptance ngram --input PAIRS.jsonl --n N --k K [--min-n N] [--out PROFILE.yaml]`` replays
 vLLM-style prompt lookup (:mod:`servesim.speculation.ngram`) over ``{"prompt": ..., "answer": ...}`` lines
-(text, split on whitespace, or lists of token ids), prints a summary and writes an ``method: ngram``
+(text, split on whitespace, or lists of token ids), prints its statistics (to stderr when the profile
+goes to stdout, so that ``> profile.yaml`` stays a valid profile) and writes an ``method: ngram``
 profile that the engine reads (per-position rates over all rounds, no-match rounds counted as drafts with
 nothing accepted, plus ``no_match_probability``).
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -88,18 +90,24 @@ def _run_from_logs(args: argparse.Namespace) -> int:
         counts = logs.parse_llamacpp(args.input, args.k)
     name = args.name or (args.out.stem if args.out else args.input.stem)
     profile = counts.to_profile(name, method=args.method, model=args.model, dataset=args.dataset)
-    print("\n".join(counts.summary_lines()))
-    _emit(_profile_yaml(profile), args.out)
+    _emit(_profile_yaml(profile), args.out, counts.summary_lines())
     return 0
 
 
-def _emit(text: str, out: Path | None) -> None:
+def _emit(text: str, out: Path | None, statistics: list[str]) -> None:
+    """Write the profile ``text`` to ``out``, or to stdout when ``out`` is None.
+
+    The ``statistics`` lines go to stdout beside a written file, and to stderr when the profile itself
+    goes to stdout, so that ``servesim acceptance ... > profile.yaml`` writes a valid profile.
+    """
     if out is None:
+        print("\n".join(statistics), file=sys.stderr)
         print(text, end="")
         return
     from servesim.atomic import write_text_output
 
     write_text_output(out, text)
+    print("\n".join(statistics))
     print(f"wrote {out}")
 
 
@@ -107,10 +115,14 @@ def read_pairs(path: Path) -> list[tuple[list[Any], list[Any]]]:
     """Read ``(prompt, answer)`` token lists from a JSONL file.
 
     Raises:
-        TraceError: missing file, bad JSON, or a line without a string/list ``prompt`` and ``answer``.
+        TraceError: missing file, not UTF-8, bad JSON, or a line without a string/list ``prompt`` and ``answer``.
     """
+    from servesim.config.loading import not_utf8_message
+
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as exc:
+        raise TraceError(not_utf8_message(path, exc)) from None
     except OSError as exc:
         raise TraceError(f"{path}: cannot read file ({exc.strerror})") from None
     pairs = []
@@ -185,18 +197,13 @@ def run(args: argparse.Namespace) -> int:
     )
     text = _profile_yaml(profile)
     rates = ", ".join(f"{x:.3f}" for x in stats.per_position)
-    print(f"requests: {len(pairs)}, rounds (target passes): {stats.rounds}, no match: "
-          f"{stats.no_match_rounds} ({stats.no_match_probability:.1%})")
-    print(f"drafted: {stats.drafted_tokens} tokens, accepted: {stats.accepted_tokens} tokens")
-    print(f"per-position acceptance rate (all rounds): {rates}")
-    print(f"mean acceptance length: {stats.mean_acceptance_length:.2f}")
-    print("per-request mean accepted per round: "
-          + ", ".join(f"{k} {v:.2f}" for k, v in stats.spread().items()))
-    if args.out is None:
-        print(text, end="")
-    else:
-        from servesim.atomic import write_text_output
-
-        write_text_output(args.out, text)
-        print(f"wrote {args.out}")
+    statistics = [
+        f"requests: {len(pairs)}, rounds (target passes): {stats.rounds}, no match: "
+        f"{stats.no_match_rounds} ({stats.no_match_probability:.1%})",
+        f"drafted: {stats.drafted_tokens} tokens, accepted: {stats.accepted_tokens} tokens",
+        f"per-position acceptance rate (all rounds): {rates}",
+        f"mean acceptance length: {stats.mean_acceptance_length:.2f}",
+        "per-request mean accepted per round: " + ", ".join(f"{k} {v:.2f}" for k, v in stats.spread().items()),
+    ]
+    _emit(text, args.out, statistics)
     return 0

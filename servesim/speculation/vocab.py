@@ -128,6 +128,10 @@ def _special_id(value: Any, table: dict[str, int]) -> int | None:
 def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        from servesim.config.loading import not_utf8_message
+
+        raise ConfigError(not_utf8_message(path, exc)) from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:

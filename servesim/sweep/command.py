@@ -2,13 +2,18 @@
 
 Runs a sweep resumably (rerun the same command after an interruption to finish it) and writes
 ``DIR/summary.csv`` (and ``DIR/speedup.csv`` with a ``baseline``). Exit status 1 when any run failed
-(listed in ``DIR/failures.csv``).
+(listed in ``DIR/failures.csv``). It prints the number of runs first, and refuses more than
+:data:`MAX_RUNS_WITHOUT_YES` of them without ``--yes``; at the end it says how many stored runs it
+reused (same resolved inputs) and what changed for those it ran again.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+
+#: Runs (points x replications) a sweep may have without ``--yes``.
+MAX_RUNS_WITHOUT_YES = 10_000
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -23,6 +28,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="local process pool (default), a local Dask cluster, or an existing Dask scheduler",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--yes", action="store_true",
+                        help=f"run a sweep of more than {MAX_RUNS_WITHOUT_YES:,} runs (points x replications)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -31,15 +38,21 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: invalid sweep file, ``--jobs`` or ``--executor`` (printed as one line by the CLI).
     """
-    from servesim.sweep.runner import run_sweep
+    from servesim.sweep.runner import count_runs, run_sweep
+    from servesim.sweep.spec import load_sweep
 
+    loaded = load_sweep(args.sweep)
+    points, runs = count_runs(loaded)
+    print(f"sweep: {points:,} point(s) x {loaded.config.replications} replication(s) = {runs:,} run(s)", flush=True)
     result = run_sweep(
-        args.sweep,
+        loaded,
         args.out,
         jobs=args.jobs,
         executor=args.executor,
         progress=False if args.no_progress else None,
+        max_runs=None if args.yes else MAX_RUNS_WITHOUT_YES,
     )
+    print(reuse_line(result))
     done = result.num_runs - len(result.failures)
     print(
         f"{done}/{result.num_runs} runs finished ({result.num_skipped} from earlier invocations); "
@@ -53,3 +66,13 @@ def run(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return result.exit_status
+
+
+def reuse_line(result) -> str:
+    """One line: how many stored runs were reused, and how many were run again because what changed."""
+    line = (f"reused {result.num_skipped} stored run(s) with unchanged inputs (run config, seed, cards, files, "
+            "servesim version)")
+    if result.num_stale:
+        why = ", ".join(f"{what} ({n})" for what, n in sorted(result.stale.items(), key=lambda kv: -kv[1]))
+        line += f"; ran {result.num_stale} stored run(s) again because their inputs changed: {why}"
+    return line

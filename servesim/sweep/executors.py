@@ -2,17 +2,77 @@
 
 Every choice is a :class:`concurrent.futures.Executor` (or ``None`` for in-process serial runs), so the
 runner is written once against that interface. Dask is an optional extra, imported only when asked for.
+
+Local worker processes die with the sweep: when the block using the pool raises (Ctrl-C, or SIGTERM,
+which the command line turns into the same interrupt) their processes are terminated at once instead of
+finishing their runs; and each worker watches its parent, so that a parent killed with SIGKILL takes its
+workers with it (Linux: ``prctl(PR_SET_PDEATHSIG, SIGKILL)``, immediately; elsewhere, and as a second
+guard, a thread that exits the worker within :data:`ORPHAN_POLL_S` of its parent's death).
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
+import os
+import signal
+import sys
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Executor, ProcessPoolExecutor
 
 from servesim.errors import ConfigError
 
 DASK_HINT = "pip install servesim[dask]"
+#: How often (s) a worker checks that its parent is still alive.
+ORPHAN_POLL_S = 0.5
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Initializer of local worker processes: end this process when the sweep process ``parent_pid`` dies.
+
+    Ctrl-C in a terminal reaches every process of the group; the parent handles it (and terminates the
+    workers), so workers ignore SIGINT and take SIGTERM's default action.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the watchdog below still works
+            pass
+    if os.getppid() != parent_pid:  # the parent died before the death signal was armed
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            threading.Event().wait(ORPHAN_POLL_S)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="servesim-orphan-watch", daemon=True).start()
+
+
+@contextlib.contextmanager
+def _local_pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
+    """A process pool whose workers die with this process; on an exception they are terminated at once."""
+    before = set(multiprocessing.active_children())
+    pool = ProcessPoolExecutor(max_workers=jobs, initializer=_die_with_parent, initargs=(os.getpid(),))
+    try:
+        yield pool
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        workers = [p for p in multiprocessing.active_children() if p not in before]
+        for worker in workers:
+            worker.terminate()
+        for worker in workers:
+            worker.join(timeout=5)
+        raise
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 def parse_executor(spec: str | None) -> tuple[str, str | None]:
@@ -45,6 +105,22 @@ def _import_distributed():
     return distributed
 
 
+def check_executor(spec: str | Executor | None, jobs: int) -> tuple[str, str | None]:
+    """Check ``--executor`` and ``--jobs`` without starting anything (see :func:`open_executor`).
+
+    Returns:
+        :func:`parse_executor`'s ``(kind, address)``; ``("given", None)`` for an Executor instance.
+
+    Raises:
+        ConfigError: ``jobs < 1`` or an unknown ``spec``.
+    """
+    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"--jobs: expected a positive integer (got {jobs!r})")
+    if isinstance(spec, Executor):
+        return "given", None
+    return parse_executor(spec)
+
+
 @contextlib.contextmanager
 def open_executor(spec: str | Executor | None, jobs: int) -> Iterator[Executor | None]:
     """Yield the executor to run a sweep on, and shut down what this function started.
@@ -52,8 +128,9 @@ def open_executor(spec: str | Executor | None, jobs: int) -> Iterator[Executor |
     Args:
         spec: an Executor the caller owns (used as is, never shut down here); or ``None``/``"local"``:
             serial in this process when ``jobs == 1`` (yields ``None``), else a ``ProcessPoolExecutor``
-            of ``jobs`` workers; or ``"dask"``: a new ``distributed.LocalCluster`` (``jobs`` worker
-            processes of one thread each when ``jobs > 1``, Dask's default otherwise); or
+            of ``jobs`` workers that die with this process (see the module docstring); or ``"dask"``: a
+            new ``distributed.LocalCluster`` (``jobs`` worker processes of one thread each when
+            ``jobs > 1``, Dask's default otherwise); or
             ``"dask://HOST:PORT"``: the existing scheduler at that address. Dask executors come from
             ``distributed.Client.get_executor()``.
         jobs: number of local worker processes (>= 1).
@@ -61,21 +138,16 @@ def open_executor(spec: str | Executor | None, jobs: int) -> Iterator[Executor |
     Raises:
         ConfigError: ``jobs < 1``, an unknown ``spec``, or Dask requested but not installed.
     """
-    if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
-        raise ConfigError(f"--jobs: expected a positive integer (got {jobs!r})")
+    kind, address = check_executor(spec, jobs)
     if isinstance(spec, Executor):
         yield spec
         return
-    kind, address = parse_executor(spec)
     if kind == "local":
         if jobs == 1:
             yield None
             return
-        pool = ProcessPoolExecutor(max_workers=jobs)
-        try:
+        with _local_pool(jobs) as pool:
             yield pool
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
         return
     distributed = _import_distributed()  # pragma: no cover - needs dask
     with contextlib.ExitStack() as stack:  # pragma: no cover - needs dask

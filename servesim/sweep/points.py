@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,13 +86,27 @@ def point_identity(variant: str, variant_overrides: dict[str, Any], axes: dict[s
     return digest[:12], int(seed_digest[:16], 16)
 
 
-def expand_points(sweep: LoadedSweep) -> list[Point]:
-    """All points of ``sweep`` in expansion order: grid (cartesian, last key varying fastest), then
-    zip groups (one axis each), then variants (innermost).
+def count_points(sweep: LoadedSweep) -> int:
+    """Number of points of ``sweep`` (:func:`iter_points` yields this many), without expanding them:
+    ``len(grid_1) * ... * len(zip_group_1) * ... * max(1, len(variants))``."""
+    cfg = sweep.config
+    count = max(1, len(cfg.variants))
+    for values in cfg.grid.values():
+        count *= len(values)
+    for group in cfg.zip:
+        count *= len(next(iter(group.values())))
+    return count
 
-    Returns:
-        a list of ``len(grid_1) * ... * len(zip_group_1) * ... * max(1, len(variants))`` points.
-    """
+
+def expand_points(sweep: LoadedSweep) -> list[Point]:
+    """All points of ``sweep`` as a list (see :func:`iter_points`; for small sweeps and tests)."""
+    return list(iter_points(sweep))
+
+
+def iter_points(sweep: LoadedSweep) -> Iterator[Point]:
+    """The points of ``sweep`` one at a time, in expansion order: grid (cartesian, last key varying
+    fastest), then zip groups (one axis each), then variants (innermost). Memory does not grow with the
+    number of points (:func:`count_points` of them)."""
     cfg = sweep.config
     axes: list[list[dict[str, Any]]] = []
     for key, values in cfg.grid.items():
@@ -100,15 +115,15 @@ def expand_points(sweep: LoadedSweep) -> list[Point]:
         length = len(next(iter(group.values())))
         axes.append([{key: values[i] for key, values in group.items()} for i in range(length)])
     variants = list(cfg.variants.items()) or [(DEFAULT_VARIANT, {})]
-    points: list[Point] = []
+    index = 0
     for combo in itertools.product(*axes):
         values: dict[str, Any] = {}
         for part in combo:
             values.update(part)
         for name, overrides in variants:
             point_id, key_int = point_identity(name, overrides, values)
-            points.append(Point(len(points), name, dict(overrides), dict(values), point_id, key_int))
-    return points
+            yield Point(index, name, dict(overrides), dict(values), point_id, key_int)
+            index += 1
 
 
 def point_config(sweep: LoadedSweep, point: Point) -> dict[str, Any]:

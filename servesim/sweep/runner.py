@@ -2,7 +2,10 @@
 
 Each finished run is stored as soon as it finishes (one JSON file, written atomically, by this process:
 workers only compute), so an interrupted sweep rerun with the same command skips the finished runs and
-neither loses nor duplicates any. A run that raises is recorded in ``failures.csv`` and the others go on.
+neither loses nor duplicates any. A stored run is reused only when its resolved inputs (run config, seed,
+cards, referenced files, servesim version: :mod:`servesim.sweep.inputs`) are unchanged; the result says
+how many were reused and what changed for the others. The sweep is expanded lazily, point by point. A
+run that raises is recorded in ``failures.csv`` and the others go on.
 At the end ``summary.csv`` (and ``speedup.csv`` when the sweep names a ``baseline``) are rebuilt from
 every stored run of the sweep.
 """
@@ -11,19 +14,21 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable
-from concurrent.futures import Executor, Future, as_completed
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-from servesim.errors import ServesimError
-from servesim.sweep.executors import open_executor
-from servesim.sweep.points import Point, config_digest, expand_points, point_config, task_seed
+from servesim.atomic import atomic_file, prepare_output_dir, remove_stale
+from servesim.errors import ConfigError, ServesimError
+from servesim.sweep.executors import check_executor, open_executor
+from servesim.sweep.inputs import InputResolver, RunInputs
+from servesim.sweep.points import Point, count_points, iter_points, point_config, task_seed
 from servesim.sweep.spec import LoadedSweep, SweepConfig, load_sweep, resolve_sweep
-from servesim.sweep.store import atomic_write_text, read_result, to_jsonable, write_result
+from servesim.sweep.store import read_result, read_stored, to_jsonable, write_result
 from servesim.sweep.tables import SPEEDUP_METRIC, speedup_frame, summary_frame, write_csv
 
 Simulate = Callable[..., Any]
@@ -31,13 +36,22 @@ Simulate = Callable[..., Any]
 
 @dataclass(frozen=True)
 class Task:
-    """One run of the simulator: a point's config with one replication's seed (picklable)."""
+    """One run of the simulator: a point's config with one replication's seed (picklable).
+
+    ``inputs`` are the run's resolved inputs; their digest is the resume key (see
+    :mod:`servesim.sweep.inputs`).
+    """
 
     point: Point
     replication: int
     seed: int
     config: dict[str, Any]
-    digest: str
+    inputs: RunInputs
+
+    @property
+    def digest(self) -> str:
+        """The resume key: SHA-256 of the resolved inputs."""
+        return self.inputs.digest
 
 
 @dataclass(frozen=True)
@@ -61,9 +75,12 @@ class SweepResult:
         summary: the summary table (also in ``out_dir/summary.csv``).
         speedup: the speedup table, or None without a baseline (also in ``out_dir/speedup.csv``).
         num_runs: (point, replication) pairs in the sweep.
-        num_skipped: runs already stored by an earlier invocation (not run again).
+        num_skipped: runs already stored by an earlier invocation with the same inputs (reused).
         num_run: runs executed by this invocation (finished or failed).
         failures: runs that raised in this invocation (also in ``out_dir/failures.csv``).
+        stale: why stored runs were run again: what changed (``"seed"``, ``"hardware/model card"``,
+            ``"file PATH"``, ...) -> number of runs.
+        num_stale: stored runs whose inputs changed, run again by this invocation.
     """
 
     out_dir: Path
@@ -73,6 +90,8 @@ class SweepResult:
     num_skipped: int
     num_run: int
     failures: list[Failure] = field(default_factory=list)
+    stale: dict[str, int] = field(default_factory=dict)
+    num_stale: int = 0
 
     @property
     def exit_status(self) -> int:
@@ -119,9 +138,10 @@ def _load(sweep: str | Path | SweepConfig | LoadedSweep) -> LoadedSweep:
     return load_sweep(sweep)
 
 
-def _write_manifest(out_dir: Path, sweep: LoadedSweep, points: list[Point]) -> None:
+def _write_manifest(out_dir: Path, sweep: LoadedSweep) -> None:
+    """Write ``sweep.json``, the points streamed one per line (memory does not grow with the sweep)."""
     cfg = sweep.config
-    manifest = {
+    head = {
         "source": sweep.source,
         "base_dir": str(sweep.base_dir),
         "columns": cfg.column_names(),
@@ -129,12 +149,15 @@ def _write_manifest(out_dir: Path, sweep: LoadedSweep, points: list[Point]) -> N
         "baseline": cfg.baseline,
         "replications": cfg.replications,
         "seed": cfg.seed,
-        "points": [
-            {"point_id": p.point_id, "variant": p.variant, "axes": p.axes, "variant_overrides": p.variant_overrides}
-            for p in points
-        ],
+        "num_points": count_points(sweep),
     }
-    atomic_write_text(out_dir / "sweep.json", json.dumps(to_jsonable(manifest), indent=1) + "\n")
+    with atomic_file(out_dir / "sweep.json", "w", fsync=True, encoding="utf-8", newline="") as handle:
+        handle.write(json.dumps(to_jsonable(head), indent=1)[:-2] + ',\n "points": [')
+        for i, p in enumerate(iter_points(sweep)):
+            point = {"point_id": p.point_id, "variant": p.variant, "axes": p.axes,
+                     "variant_overrides": p.variant_overrides}
+            handle.write(("," if i else "") + "\n  " + json.dumps(to_jsonable(point), separators=(",", ":")))
+        handle.write("\n ]\n}\n")
 
 
 def _write_failures(out_dir: Path, failures: list[Failure]) -> None:
@@ -146,18 +169,51 @@ def _write_failures(out_dir: Path, failures: list[Failure]) -> None:
     write_csv(frame, path)
 
 
-def _check_configs(loaded: LoadedSweep, points: list) -> None:
-    """Validate every point's run config up front.
+def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
+    """Validate every point's run config up front (one point at a time; a tqdm bar on stderr with ``show``).
 
     Raises:
         ConfigError: one line naming the sweep file, the point's overrides and the bad field.
     """
+    from tqdm import tqdm
+
     from servesim.config.loading import validate
     from servesim.config.models import SimConfig
 
-    for point in points:
+    points = iter_points(loaded)
+    for point in tqdm(points, total=count_points(loaded), disable=not show, unit="point", desc="check"):
         overrides = ", ".join(f"{k}={v!r}" for k, v in point.overrides().items()) or "base"
         validate(SimConfig, point_config(loaded, point), f"{loaded.source} (point {overrides})")
+
+
+def count_runs(sweep: LoadedSweep) -> tuple[int, int]:
+    """``(points, runs)`` of a sweep (runs = points x replications), without expanding it."""
+    points = count_points(sweep)
+    return points, points * sweep.config.replications
+
+
+def check_size(sweep: LoadedSweep, max_runs: int | None) -> None:
+    """Refuse a sweep of more than ``max_runs`` runs (None: no limit).
+
+    Raises:
+        ConfigError: one line with the count and how to confirm it (``--yes``).
+    """
+    points, runs = count_runs(sweep)
+    if max_runs is not None and runs > max_runs:
+        raise ConfigError(
+            f"{sweep.source}: {points:,} points x {sweep.config.replications} replication(s) = {runs:,} runs, "
+            f"more than {max_runs:,}: pass --yes to run them all, or shrink the grid"
+        )
+
+
+def _tasks(loaded: LoadedSweep, resolver: InputResolver) -> Iterator[Task]:
+    """Every (point, replication) of the sweep, one at a time."""
+    replications = loaded.config.replications
+    for point in iter_points(loaded):
+        config = point_config(loaded, point)
+        for rep in range(replications):
+            seed = task_seed(loaded.config.seed, point, rep)
+            yield Task(point, rep, seed, config, resolver.resolve(config, seed))
 
 
 def run_sweep(
@@ -168,8 +224,12 @@ def run_sweep(
     executor: str | Executor | None = None,
     progress: bool | None = None,
     simulate: Simulate | None = None,
+    max_runs: int | None = None,
 ) -> SweepResult:
     """Run every (point, replication) of a sweep that is not already stored in ``out_dir``.
+
+    The sweep is expanded lazily (one point at a time), so memory does not grow with the number of
+    points; at most a few runs per worker are in flight at once.
 
     Args:
         sweep: a sweep file path, a :class:`SweepConfig` (a ``base`` path resolves against the current
@@ -182,38 +242,52 @@ def run_sweep(
         simulate: the simulator, ``simulate(config, *, seed, base_dir) -> Result`` (default
             ``servesim.simulate``); it must be picklable (a module-level function) for process and Dask
             executors.
+        max_runs: refuse a sweep of more runs than this (None: no limit; the CLI's ``--yes`` lifts its
+            limit :data:`servesim.sweep.command.MAX_RUNS_WITHOUT_YES`).
 
     Returns:
         a :class:`SweepResult`; its ``exit_status`` is 1 when any run failed.
 
     Raises:
-        ConfigError: invalid sweep file, base config, overrides, ``jobs`` or ``executor``.
+        ConfigError: invalid sweep file, base config, overrides, ``jobs`` or ``executor``, an unwritable
+            ``out_dir``, or more runs than ``max_runs``.
         KeyboardInterrupt: propagated after the finished runs have been stored.
     """
     from tqdm import tqdm
 
     loaded = _load(sweep)
+    check_size(loaded, max_runs)
+    check_executor(executor, jobs)
     out = Path(out_dir)
-    points = expand_points(loaded)
+    show = sys.stderr.isatty() if progress is None else bool(progress)
     simulate = simulate if simulate is not None else _default_simulate()
     if getattr(simulate, "__module__", "") == "servesim.api":
-        _check_configs(loaded, points)  # a typo in a swept key fails here, once, before any run
+        _check_configs(loaded, show)  # a typo in a swept key fails here, once, before any run
+    prepare_output_dir(out)  # before any run: an unwritable --out fails at once, in one line
     (out / "points").mkdir(parents=True, exist_ok=True)
-    _write_manifest(out, loaded, points)
+    _write_manifest(out, loaded)
 
-    tasks: list[Task] = []
-    for point in points:
-        config = point_config(loaded, point)
-        digest = config_digest(config)
-        for rep in range(loaded.config.replications):
-            tasks.append(Task(point, rep, task_seed(loaded.config.seed, point, rep), config, digest))
-    stored = {i: read_result(out, t.point.point_id, t.replication, t.digest) for i, t in enumerate(tasks)}
-    pending = [t for i, t in enumerate(tasks) if stored[i] is None]
-
+    resolver = InputResolver(loaded.base_dir)
+    num_runs = count_runs(loaded)[1]
     failures: list[Failure] = []
+    stale: dict[str, int] = {}
+    counts = {"reused": 0, "run": 0, "stale": 0}
     base_dir = str(loaded.base_dir)
-    show = sys.stderr.isatty() if progress is None else bool(progress)
-    bar = tqdm(total=len(tasks), initial=len(tasks) - len(pending), disable=not show, unit="run", desc="sweep")
+    bar = tqdm(total=num_runs, disable=not show, unit="run", desc="sweep")
+
+    def pending() -> Iterator[Task]:
+        for task in _tasks(loaded, resolver):
+            record = read_stored(out, task.point.point_id, task.replication)
+            if record is not None and record.get("inputs_sha256") == task.digest:
+                counts["reused"] += 1
+                bar.update(1)
+                continue
+            if record is not None:
+                counts["stale"] += 1
+                for what in task.inputs.differences(record.get("inputs")):
+                    stale[what] = stale.get(what, 0) + 1
+            counts["run"] += 1
+            yield task
 
     def finish(task: Task, ok: bool, payload: Any) -> None:
         if ok:
@@ -223,7 +297,8 @@ def run_sweep(
                 "seed": task.seed,
                 "variant": task.point.variant,
                 "axes": to_jsonable(task.point.axes),
-                "config_sha256": task.digest,
+                "inputs_sha256": task.digest,
+                "inputs": task.inputs.as_json(),
                 "summary": payload,
             }
             write_result(out, record)
@@ -237,34 +312,58 @@ def run_sweep(
     try:
         with open_executor(executor, jobs) as pool:
             if pool is None:
-                for task in pending:
+                for task in pending():
                     finish(task, *execute_task(simulate, task.config, task.seed, base_dir))
             else:
-                futures: dict[Future, Task] = {
-                    pool.submit(execute_task, simulate, t.config, t.seed, base_dir): t for t in pending
-                }
-                for future in as_completed(futures):
-                    try:
-                        ok, payload = future.result()
-                    except Exception as exc:  # noqa: BLE001 - e.g. a worker died or a pickling error
-                        ok, payload = False, error_line(exc)
-                    finish(futures[future], ok, payload)
+                _run_windowed(pool, pending(), simulate, base_dir, finish, window=_window(jobs))
     finally:
         bar.close()
         _write_failures(out, failures)
 
     records = []
-    for task in tasks:
+    for task in _tasks(loaded, resolver):
         record = read_result(out, task.point.point_id, task.replication, task.digest)
         if record is not None:
             records.append((task.point, task.replication, record))
     summary = summary_frame(loaded, records)
     write_csv(summary, out / "summary.csv")
     speedup = None
-    if loaded.config.baseline is not None:
+    if loaded.config.baseline is None:
+        remove_stale(out, ["speedup.csv"])  # from an earlier invocation that had a baseline
+    else:
         if records and SPEEDUP_METRIC not in summary.columns:
             raise ServesimError(f"{loaded.source}: baseline: the summaries have no {SPEEDUP_METRIC} to compare")
         if SPEEDUP_METRIC in summary.columns:
             speedup = speedup_frame(loaded, summary)
             write_csv(speedup, out / "speedup.csv")
-    return SweepResult(out, summary, speedup, len(tasks), len(tasks) - len(pending), len(pending), failures)
+    return SweepResult(out, summary, speedup, num_runs, counts["reused"], counts["run"], failures, stale,
+                       counts["stale"])
+
+
+def _window(jobs: int) -> int:
+    """Runs kept in flight: enough to keep every worker of a local pool or a Dask cluster busy."""
+    return max(4 * jobs, 256)
+
+
+def _run_windowed(pool: Executor, tasks: Iterator[Task], simulate: Simulate, base_dir: str,
+                  finish: Callable[[Task, bool, Any], None], *, window: int) -> None:
+    """Submit ``tasks`` to ``pool`` keeping at most ``window`` in flight; ``finish`` each as it completes."""
+    futures: dict[Future, Task] = {}
+    exhausted = False
+    while futures or not exhausted:
+        while not exhausted and len(futures) < window:
+            task = next(tasks, None)
+            if task is None:
+                exhausted = True
+                break
+            futures[pool.submit(execute_task, simulate, task.config, task.seed, base_dir)] = task
+        if not futures:
+            break
+        done, _ = wait(futures, return_when=FIRST_COMPLETED)
+        for future in done:
+            task = futures.pop(future)
+            try:
+                ok, payload = future.result()
+            except Exception as exc:  # noqa: BLE001 - e.g. a worker died or a pickling error
+                ok, payload = False, error_line(exc)
+            finish(task, ok, payload)

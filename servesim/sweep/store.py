@@ -8,8 +8,9 @@ Layout of ``out_dir``::
     summary.csv, speedup.csv                tables (see :mod:`servesim.sweep.tables`)
 
 A file in ``points/`` exists only once its run has finished, so a rerun after a crash skips exactly the
-finished runs. A stored run whose config digest differs from the current one (the base config was
-edited) is treated as not finished and rerun.
+finished runs. Each stored run records its resolved inputs (:mod:`servesim.sweep.inputs`: the run
+config, seed, cards, referenced files and servesim version) and their digest ``inputs_sha256``; a stored
+run whose digest differs from the current one (an input was edited) is treated as not finished and rerun.
 """
 
 from __future__ import annotations
@@ -62,13 +63,20 @@ def write_result(out_dir: Path, record: dict[str, Any]) -> Path:
     return path
 
 
-def read_result(out_dir: Path, point_id: str, replication: int, digest: str) -> dict[str, Any] | None:
-    """The stored record of (point, replication), or None if absent, unreadable or for another config."""
+def read_stored(out_dir: Path, point_id: str, replication: int) -> dict[str, Any] | None:
+    """The stored record of (point, replication) as written, or None if absent or unreadable."""
     path = point_path(out_dir, point_id, replication)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(record, dict) or record.get("config_sha256") != digest or "summary" not in record:
+    return record if isinstance(record, dict) and "summary" in record else None
+
+
+def read_result(out_dir: Path, point_id: str, replication: int, digest: str) -> dict[str, Any] | None:
+    """The stored record of (point, replication), or None if absent, unreadable or stored for other inputs
+    (its ``inputs_sha256`` is not ``digest``)."""
+    record = read_stored(out_dir, point_id, replication)
+    if record is None or record.get("inputs_sha256") != digest:
         return None
     return record

@@ -1,0 +1,101 @@
+"""A killed sweep takes its worker processes with it (issue 11, item 1).
+
+``servesim sweep --jobs 2`` runs in a subprocess on a sweep whose runs take minutes; once both workers
+are busy the sweep process gets SIGTERM (what ``timeout``, Slurm and Kubernetes send) or SIGKILL, and
+every worker must be gone within a few seconds. Every process a test starts is killed at the end.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import yaml
+
+#: Longest wait (s) for the workers to start, and for them to die after the sweep process is killed.
+START_TIMEOUT_S = 60.0
+DEATH_TIMEOUT_S = 10.0
+
+# One run takes minutes in step mode (about 1.3 s per 2,000 requests), far longer than DEATH_TIMEOUT_S.
+BASE = {
+    "hardware": "h100-sxm",
+    "model": "llama-3.1-8b",
+    "simulation": {"mode": "step"},
+    "workload": {"type": "poisson", "rate": 50.0, "num_requests": 200_000,
+                 "prompt_tokens": {"type": "fixed", "value": 100}, "output_tokens": {"type": "fixed", "value": 500}},
+}
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE  # dead, not yet reaped by whoever adopted it
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _workers(parent: psutil.Process) -> list[psutil.Process]:
+    """The sweep's worker processes (its children other than multiprocessing's resource tracker)."""
+    found = []
+    for child in parent.children():
+        try:
+            if "resource_tracker" not in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.NoSuchProcess:
+            continue
+    return found
+
+
+def _kill_all(processes) -> None:
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sends POSIX signals and reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_killed_sweep_leaves_no_workers(tmp_path, signum):
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
+        {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 128, 256, 512]}}))
+    log = (tmp_path / "log.txt").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "servesim.cli", "sweep", str(tmp_path / "sweep.yaml"),
+                             "--out", str(tmp_path / "out"), "--jobs", "2", "--no-progress"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
+    parent = psutil.Process(proc.pid)
+    seen: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            workers = _workers(parent)
+            seen.extend(w for w in workers if w not in seen)
+            if len(workers) >= 2 and all(w.cpu_times().user > 0.2 for w in workers):  # both are simulating
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None and len(_workers(parent)) >= 2, (tmp_path / "log.txt").read_text()
+        workers = _workers(parent)
+        seen.extend(w for w in workers if w not in seen)
+        family = parent.children(recursive=True)
+        proc.send_signal(signum)
+        status = proc.wait(timeout=DEATH_TIMEOUT_S + 20)
+        deadline = time.monotonic() + DEATH_TIMEOUT_S
+        while time.monotonic() < deadline and not all(_gone(w) for w in family):
+            time.sleep(0.1)
+        alive = [w.pid for w in family if not _gone(w)]
+        assert alive == [], f"processes left running after {signal.Signals(signum).name}: {alive}"
+        if signum == signal.SIGTERM:
+            assert status == 143 and "terminated (SIGTERM)" in (tmp_path / "log.txt").read_text()
+    finally:
+        try:
+            seen.extend(parent.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+        _kill_all(seen + [parent])
+        proc.wait(timeout=30)
+        log.close()
