@@ -10,8 +10,8 @@ step for step. The tests do not need vLLM.
 The rules, and the tests that fail when one is broken:
 
 ===  ==========================================================================  ===========================
-R1   running requests are walked in admission order, each given                  chunks, budget_truncates
-     ``min(known tokens - computed, budget left)``
+R1   running requests are walked in admission order, each given                  chunks, budget_truncates,
+     ``min(known tokens - computed, budget left)``                               prefill_chunks_beside
 R2   when the pool is empty, the LAST running request is preempted               victim_front, no_admit
 R3   the victim goes to the FRONT of the waiting queue                           victim_front, no_admit
 R4   preemption is by recompute: blocks freed, computed tokens reset to 0        victim_front, no_admit
@@ -19,17 +19,19 @@ R5   a request that preempts itself stops the running pass                      
 R6   nothing is admitted in a step that preempted                                no_admit (speculative)
 R7   waiting requests are admitted FCFS; the first that does not fit stops       head_of_line, chunked_off
      admission (no skipping)
-R8   a waiting request is admitted only if its WHOLE prompt fits in the free     whole_prompt
-     blocks (``scheduler_reserve_full_isl``); it is allocated its first chunk
+R8   a waiting request is admitted only if its WHOLE prompt fits in the free     whole_prompt,
+     blocks (``scheduler_reserve_full_isl``); it is allocated its first chunk    whole_prompt_check_leaves_out
+                                                                                 _the_lookahead (xfail today)
 R9   admission stops at ``max_num_seqs`` running requests                        max_num_seqs
-R10  admission needs token budget; with chunked prefill a prompt takes what is   chunks, chunked_off
-     left, without it the prompt must fit whole
+R10  admission needs token budget; with chunked prefill a prompt takes what is   chunks, chunked_off,
+     left, without it the prompt must fit whole                                  prefill_chunks_beside
 R11  a request samples when its computed tokens reach its known tokens;         all
      finished requests free their blocks at the END of the step (usable from
      the next step on)
-R12  speculation: a decoding request schedules ``1 + k`` (its drafts), fewer     budget_truncates, no_admit
-     when the budget is short; KV slots for ``computed + scheduled + K``
-     (lookahead, EAGLE); it emits ``1 + accepted``
+R12  speculation: a decoding request schedules ``1 + k`` (its drafts), fewer     budget_truncates, no_admit,
+     when the budget is short; KV slots for ``computed + scheduled + K``         prefill_chunks_beside,
+     (lookahead: EAGLE family and draft models; none for n-gram, suffix,         lookahead_slots_per_method
+     Medusa); it emits ``1 + accepted``                                          (medusa: xfail today)
 R13  block 0 is vLLM's null block: a pool of N blocks has N - 1 usable           null_block (xfail today)
 ===  ==========================================================================  ===========================
 
@@ -370,6 +372,44 @@ def test_drafts_are_cut_by_the_token_budget(mode):
     counters = engine.output().spec_counters
     assert counters["num_accepted_tokens"] == (3 + 3) + (1 + 0 + 3) + (1 + 1 + 1)
     assert counters["num_accepted_tokens_per_pos"] == [2 + 2 + 3, 2 + 1 + 0, 2 + 1 + 0]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_prefill_chunks_beside_verifying_decoders(mode):
+    """R1, R8, R10, R12. EAGLE, k = 2; budget 20, pool of 65; A: 15-token prompt, 4 outputs, accepts 1 per
+    round; B: 30-token prompt, 2 outputs, accepts 0.
+
+    step 0: A: 15 tokens + 2 lookahead = 17 slots -> 2 blocks (budget 5). B: whole prompt 2 blocks fit; a
+            5-token chunk + 2 -> 1 block. A samples.
+    step 1: A verifies 1 + 2 (15 + 3 + 2 = 20 slots, 2 blocks), accepts 1 (3 out); budget 17 -> B's next
+            chunk is 17 tokens (22 + 2 slots: 2nd block).
+    step 2: A verifies 1 + 2, accepts 1 and emits its 4th, last token; B's last 8 prompt tokens, samples.
+    step 3: B verifies 1 + 2 (30 + 3 + 2 = 35 slots: 3 blocks), accepts 0, ends.
+    """
+    engine = run([Req(0, 15, 4, [1, 1]), Req(0, 30, 2, [0])], num_gpu_blocks=65, max_num_batched_tokens=20,
+                 spec_k=2, mode=mode)
+    steps = [Step([(0, 15, 0), (1, 5, 0)], [], 3, 2), Step([(0, 3, 2), (1, 17, 0)], [], 4, 0),
+             Step([(0, 3, 2), (1, 8, 0)], [], 4, 0), Step([(1, 3, 2)], [], 3, 0)]
+    check(engine, steps, [Outcome(0, 0, 2), Outcome(0, 2, 3)], k=2)
+
+
+@pytest.mark.parametrize(
+    "method, slots",
+    [
+        ("eagle", 3), ("eagle3", 3), ("mtp", 3), ("draft_model", 3), ("ngram", 0), ("suffix", 0),
+        pytest.param("medusa", 0, marks=pytest.mark.xfail(strict=True, reason="medusa lookahead: fixed on branch i10")),
+    ],
+)
+def test_lookahead_slots_per_method(method, slots):
+    """R12. vLLM 0.32 (``VllmConfig.num_lookahead_tokens``): K slots for the EAGLE family (eagle, eagle3,
+    mtp) and draft models, none for n-gram, suffix and Medusa."""
+    from servesim.config.loading import validate
+    from servesim.speculation.config import SpeculativeConfig
+
+    data = {"method": method, "num_speculative_tokens": 3, "acceptance": {"alpha": 0.5}}
+    if method == "draft_model":
+        data["draft_cost"] = 0.1
+    assert validate(SpeculativeConfig, data, "speculative_config").lookahead_slots == slots
 
 
 @pytest.mark.xfail(strict=True, reason="admission lookahead: servesim checks the whole prompt PLUS lookahead "
