@@ -15,7 +15,8 @@ R1   running requests are walked in admission order, each given                 
 R2   when the pool is empty, the LAST running request is preempted               victim_front, no_admit
 R3   the victim goes to the FRONT of the waiting queue                           victim_front, no_admit
 R4   preemption is by recompute: blocks freed, computed tokens reset to 0        victim_front, no_admit
-R5   a request that preempts itself stops the running pass                       victim_front
+R5   a request that preempts itself stops the running pass (it is the last      victim_front (step 11)
+     running request, so nothing after it is scheduled)
 R6   nothing is admitted in a step that preempted                                no_admit (speculative)
 R7   waiting requests are admitted FCFS; the first that does not fit stops       head_of_line, chunked_off
      admission (no skipping)

@@ -223,3 +223,33 @@ def test_vllm_benchmark_json_drives_the_cli(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err, err
     assert err.startswith("servesim: error: ") and "synthetic_acceptance_rates must be non-increasing" in err
+
+
+def test_tune_k_keeps_the_synthetic_rates_cut_to_each_k():
+    from servesim.analysis.tune_k import fixed_k_spec, tuned_spec, vllm_speculative_config
+
+    spec = {"method": "eagle", "num_speculative_tokens": 3, "rejection_sample_method": "synthetic",
+            "synthetic_acceptance_rates": [0.8, 0.5, 0.2]}
+    assert fixed_k_spec(spec, 2)["synthetic_acceptance_rates"] == [0.8, 0.5]
+    assert fixed_k_spec(spec, 0) is None
+    table = [[1, 8, 2], [9, 64, 1]]
+    assert tuned_spec(spec, table)["synthetic_acceptance_rates"] == [0.8, 0.5]
+    out = vllm_speculative_config(spec, table)
+    assert out == {"method": "eagle", "rejection_sample_method": "synthetic", "synthetic_acceptance_rates": [0.8, 0.5],
+                   "num_speculative_tokens": 2, "num_speculative_tokens_per_batch_size": table}
+    for k in (1, 2, 3):  # every point validates: one rate per speculative token, as vLLM requires
+        assert spec_ok(fixed_k_spec(spec, k))
+
+
+def spec_ok(data) -> bool:
+    return validate(SpeculativeConfig, data, "speculative_config").synthetic_acceptance_rates == data["synthetic_acceptance_rates"]
+
+
+def test_tune_k_refuses_k_beyond_the_synthetic_rates(tmp_path):
+    from servesim.analysis.tune_k import tune_k
+    from servesim.config.models import SimConfig
+
+    cfg = validate(SimConfig, closed_loop({"method": "eagle", "num_speculative_tokens": 2, "rejection_sample_method": "synthetic",
+                                           "synthetic_acceptance_length": 2.5}), "run.yaml")
+    with pytest.raises(ConfigError, match=r"--k-max: 3 exceeds num_speculative_tokens = 2"):
+        tune_k(cfg, tmp_path, k_max=3)
