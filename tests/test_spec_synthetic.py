@@ -39,6 +39,11 @@ def test_num_speculative_tokens_limits():
         spec(num_speculative_tokens=1000)
     with pytest.raises(ConfigError, match=r"num_speculative_tokens"):
         spec(num_speculative_tokens=0)
+    with pytest.raises(ConfigError, match=r"num_speculative_tokens must be provided"):
+        spec()
+    # suffix decoding defaults to its tree depth, 24 (vLLM's suffix_decoding_max_tree_depth)
+    suffix = validate(SpeculativeConfig, {"method": "suffix", "acceptance": {"alpha": 0.5}}, "speculative_config")
+    assert suffix.num_speculative_tokens == 24
 
 
 @pytest.mark.parametrize("k, ok", [(1, True), (2, True), (3, True), (6, True), (9, True), (4, False), (5, False), (7, False)])

@@ -10,7 +10,8 @@ Limits on ``num_speculative_tokens`` (vLLM 0.32): at least 1 (``Field(gt=0)`` in
 at most 128, the most drafts per request its rejection sampler verifies in one step (``MAX_SPEC_LEN`` in
 ``v1/sample/rejection_sampler.py``; vLLM accepts a larger value and fails at the first step); and for
 ``mtp``, above the model's number of MTP modules (``num_nextn_predict_layers``, vLLM's ``n_predict``) it must
-be a multiple of it (:meth:`SpeculativeConfig.check_target`).
+be a multiple of it (:meth:`SpeculativeConfig.check_target`). ``suffix`` without it takes 24 (vLLM's
+``suffix_decoding_max_tree_depth``).
 
 Synthetic acceptance (vLLM 0.32, ``config/speculative.py``): ``rejection_sample_method: synthetic`` with
 exactly one of ``synthetic_acceptance_rates`` (per-position UNconditional rates ``p_1 >= p_2 >= ...``, one per
@@ -75,6 +76,9 @@ DEFAULT_PROFILES = {
 
 LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "medusa")
 """Methods for which vLLM reserves ``num_speculative_tokens`` lookahead KV slots per request (not n-gram)."""
+
+SUFFIX_DECODING_MAX_TREE_DEPTH = 24
+"""vLLM's default ``suffix_decoding_max_tree_depth``: ``num_speculative_tokens`` of ``suffix`` when not given."""
 
 MAX_SPEC_LEN = 128
 """Most draft tokens per request vLLM 0.32's rejection sampler verifies in one step
@@ -150,6 +154,9 @@ class SpeculativeConfig(BaseModel):
                 )
             if self.num_speculative_tokens_per_batch_size is not None:
                 raise ValueError("draft_tree cannot be combined with num_speculative_tokens_per_batch_size")
+        if self.num_speculative_tokens is None and self.method == "suffix":
+            # vLLM: suffix decoding drafts up to its tree depth, num_speculative_tokens defaults to it
+            self.num_speculative_tokens = SUFFIX_DECODING_MAX_TREE_DEPTH
         if self.num_speculative_tokens is None:
             raise ValueError(
                 "num_speculative_tokens must be provided with speculative model unless the draft model config "
@@ -251,7 +258,7 @@ class SpeculativeConfig(BaseModel):
         from servesim.speculation.profile import AcceptanceProfile
 
         return AcceptanceProfile(
-            name=f"synthetic {self.synthetic_acceptance_rates}",
+            name=f"synthetic (mean acceptance length {1.0 + sum(self.synthetic_acceptance_rates):.4g})",
             source="speculative_config.synthetic_acceptance_* (vLLM rejection_sample_method='synthetic')",
             method=self.method,
             per_position_acceptance=list(self.synthetic_acceptance_rates),
