@@ -17,7 +17,8 @@ R3   the victim goes to the FRONT of the waiting queue                          
 R4   preemption is by recompute: blocks freed, computed tokens reset to 0        victim_front, no_admit
 R5   a request that preempts itself stops the running pass (it is the last      victim_front (step 11)
      running request, so nothing after it is scheduled)
-R6   nothing is admitted in a step that preempted                                no_admit (speculative)
+R6   nothing is admitted in a step that preempted                                no_admit (speculative),
+                                                                                 victim_front (tried at all)
 R7   waiting requests are admitted FCFS; the first that does not fit stops       head_of_line, chunked_off
      admission (no skipping)
 R8   a waiting request is admitted only if its WHOLE prompt fits in the free     whole_prompt,
@@ -38,8 +39,9 @@ R13  block 0 is vLLM's null block: a pool of N blocks has N - 1 usable          
 
 Pool sizes are given as vLLM's ``num_gpu_blocks`` (null block included). In plain decoding rule R6 cannot
 change any outcome (after a preemption the head of the waiting queue is the victim, which needs at least
-the blocks it held; see ``test_no_admission_in_a_step_that_preempted``), so it is pinned with speculation,
-where rejected drafts leave a victim holding more blocks than it needs to resume.
+the blocks it held; see ``test_no_admission_in_a_step_that_preempted``), so it is pinned there by the
+engine not even trying to admit in such a step, and by its outcome with speculation, where rejected drafts
+leave a victim holding more blocks than it needs to resume.
 
 Every step takes exactly 10 ms (a flat step-time model), so a request's times give its step numbers.
 """
@@ -110,11 +112,17 @@ class Outcome:
 
 def _tracing(cls):
     class Traced(cls):
-        """The engine, recording each preemption: (step, victim, waiting queue right after)."""
+        """The engine, recording each preemption (step, victim, waiting queue right after) and the steps in
+        which it tries to admit waiting requests."""
 
         def __init__(self, **kwargs) -> None:
             super().__init__(**kwargs)
             self.preemption_log: list[tuple[int, int, list[int]]] = []
+            self.admission_steps: list[int] = []  # steps in which admission of waiting requests was tried
+
+        def _admit(self, *args, **kwargs):
+            self.admission_steps.append(self.G)
+            return super()._admit(*args, **kwargs)
 
         def _preempt(self, victim: int) -> int:
             freed = super()._preempt(victim)
@@ -182,6 +190,9 @@ def check(engine: Engine, steps: list[Step], outcomes: list[Outcome], k: int = 0
     # victims, in order, with the waiting queue right after each preemption
     victims = [(g, v) for g, s in enumerate(steps) for v in s.preempted]
     assert [(g, v) for g, v, _ in engine.preemption_log] == victims, "victims"
+    # R6: a step that preempted does not even try to admit (in plain decoding the head of the waiting
+    # queue, the victim, could never fit anyway, so only this shows the rule there)
+    assert not set(engine.admission_steps) & {g for g, _ in victims}, "admission tried in a step that preempted"
     # per request
     req = out.requests
     for r, o in enumerate(outcomes):
