@@ -109,6 +109,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         from servesim.speculation.costs import build_drafter
 
         spec = validate(SpeculativeConfig, cfg.speculative_config, "config", key_prefix="speculative_config")
+        spec.check_target(model)
         drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
     blocks = kv_cache_blocks(
         hardware,
@@ -167,7 +168,7 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
     from servesim.speculation.profile import load_profile
     from servesim.speculation.schedule import KSchedule
 
-    profile = load_profile(
+    profile = spec.synthetic_profile() or load_profile(
         spec.acceptance if spec.acceptance is not None else DEFAULT_PROFILES[spec.method],
         base_dir=folder,
         source="speculative_config.acceptance",

@@ -61,7 +61,8 @@ DEFAULT_MAX_BATCH = 256
 #: Default closed-loop requests per client.
 DEFAULT_REQUESTS_PER_CLIENT = 8
 #: vLLM ``--speculative-config`` keys copied into the printed JSON when the config sets them.
-VLLM_KEYS = ("method", "model", "draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max")
+VLLM_KEYS = ("method", "model", "draft_tensor_parallel_size", "prompt_lookup_min", "prompt_lookup_max",
+             "rejection_sample_method", "synthetic_acceptance_rates")
 
 Boundary = Literal["midpoint", "next"]
 
@@ -138,6 +139,8 @@ def vllm_speculative_config(spec: Mapping[str, Any], table: list[list[int]]) -> 
         if value is not None and not (key == "model" and not isinstance(value, str)):
             out[key] = value
     out["num_speculative_tokens"] = k_max
+    if out.get("synthetic_acceptance_rates") is not None:  # vLLM wants exactly one rate per speculative token
+        out["synthetic_acceptance_rates"] = list(out["synthetic_acceptance_rates"])[:k_max]
     out["num_speculative_tokens_per_batch_size"] = [[int(a), int(b), int(k)] for a, b, k in table]
     return out
 
@@ -237,6 +240,8 @@ def fixed_k_spec(spec: Mapping[str, Any], k: int) -> dict[str, Any] | None:
     out = {key: v for key, v in spec.items()
            if key not in ("num_speculative_tokens_per_batch_size", "disable_by_batch_size")}
     out["num_speculative_tokens"] = int(k)
+    if out.get("synthetic_acceptance_rates") is not None:  # vLLM's synthetic rates: one per position, first k
+        out["synthetic_acceptance_rates"] = list(out["synthetic_acceptance_rates"])[: int(k)]
     return out
 
 
@@ -438,6 +443,14 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
         k_max = int(spec_model.num_speculative_tokens)
     if isinstance(k_max, bool) or int(k_max) < 1:
         raise ConfigError(f"--k-max: expected a positive number of tokens (got {k_max})")
+    if spec_model.synthetic:  # the resolved per-position rates serve every k up to num_speculative_tokens
+        if int(k_max) > int(spec_model.num_speculative_tokens):
+            raise ConfigError(
+                f"--k-max: {k_max} exceeds num_speculative_tokens = {spec_model.num_speculative_tokens}, the "
+                "positions the synthetic acceptance rates cover"
+            )
+        spec.pop("synthetic_acceptance_length", None)
+        spec["synthetic_acceptance_rates"] = list(spec_model.synthetic_acceptance_rates)
     if replications < 1:
         raise ConfigError(f"--replications: expected >= 1 (got {replications})")
     if requests_per_client < 1:

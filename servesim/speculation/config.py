@@ -6,6 +6,23 @@ missing one equal to the other), ``draft_tensor_parallel_size``, ``num_speculati
 (vLLM >= 0.24), and V0's ``disable_by_batch_size`` (the whole step runs without speculation when the
 number of running requests is >= the threshold; ignored by vLLM V1, honoured by servesim).
 
+Limits on ``num_speculative_tokens`` (vLLM 0.32): at least 1 (``Field(gt=0)`` in ``config/speculative.py``);
+at most 128, the most drafts per request its rejection sampler verifies in one step (``MAX_SPEC_LEN`` in
+``v1/sample/rejection_sampler.py``; vLLM accepts a larger value and fails at the first step); and for
+``mtp``, above the model's number of MTP modules (``num_nextn_predict_layers``, vLLM's ``n_predict``) it must
+be a multiple of it (:meth:`SpeculativeConfig.check_target`). ``suffix`` without it takes 24 (vLLM's
+``suffix_decoding_max_tree_depth``).
+
+Synthetic acceptance (vLLM 0.32, ``config/speculative.py``): ``rejection_sample_method: synthetic`` with
+exactly one of ``synthetic_acceptance_rates`` (per-position UNconditional rates ``p_1 >= p_2 >= ...``, one per
+speculative token, each in [0, 1]) or ``synthetic_acceptance_length`` (a mean acceptance length ``L`` in
+``[1, K + 1]``, resolved as vLLM resolves it to the minimum-variance rates ``[1] * floor(L - 1) + [frac(L -
+1)] + [0, ...]``, cut to ``K``). vLLM then accepts draft position ``i`` with the conditional rate ``p_i /
+p_(i-1)`` whatever the sampling temperature; servesim uses the resolved rates as the acceptance profile
+(:meth:`SpeculativeConfig.synthetic_profile`), so the JSON of a synthetic vLLM benchmark drives servesim
+unchanged. ``standard`` (the default) uses the ``acceptance`` profile; ``block`` (block verification) is
+not modelled. With synthetic acceptance an n-gram or suffix proposer is taken to draft in every round.
+
 servesim's own keys (vLLM has no equivalent):
 
 * ``acceptance``: the acceptance profile (a name in ``workloads/acceptance/``, a path, an inline mapping,
@@ -45,6 +62,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servesim.errors import ConfigError
 from servesim.speculation.schedule import validate_schedule
 
 SpecMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix"]
@@ -58,6 +76,34 @@ DEFAULT_PROFILES = {
 
 LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "medusa")
 """Methods for which vLLM reserves ``num_speculative_tokens`` lookahead KV slots per request (not n-gram)."""
+
+SUFFIX_DECODING_MAX_TREE_DEPTH = 24
+"""vLLM's default ``suffix_decoding_max_tree_depth``: ``num_speculative_tokens`` of ``suffix`` when not given."""
+
+MAX_SPEC_LEN = 128
+"""Most draft tokens per request vLLM 0.32's rejection sampler verifies in one step
+(``MAX_SPEC_LEN`` in ``vllm/v1/sample/rejection_sampler.py``): the upper limit of ``num_speculative_tokens``."""
+
+
+def synthetic_rates_from_length(length: float, num_speculative_tokens: int) -> list[float]:
+    """vLLM's resolution of ``synthetic_acceptance_length`` into per-position unconditional rates.
+
+    The minimum-variance schedule of ``SpeculativeConfig._acceptance_length_to_rates`` (vLLM 0.32,
+    ``config/speculative.py``): ``L - 1`` drafts are accepted on average, so the first ``floor(L - 1)``
+    positions are always accepted, the next one with probability ``frac(L - 1)``, the rest never; the list
+    is cut to ``num_speculative_tokens`` entries.
+
+    Args:
+        length: mean acceptance length (tokens per verification round, bonus token included), in
+            ``[1, num_speculative_tokens + 1]`` (checked by the caller).
+        num_speculative_tokens: K, >= 1.
+
+    Returns:
+        ``K`` unconditional rates, e.g. ``(2.5, 4) -> [1.0, 0.5, 0.0, 0.0]``.
+    """
+    accepted = length - 1.0
+    full = int(accepted)
+    return ([1.0] * full + [accepted - full] + [0.0] * (num_speculative_tokens - full - 1))[:num_speculative_tokens]
 
 
 class SpeculativeConfig(BaseModel):
@@ -83,6 +129,9 @@ class SpeculativeConfig(BaseModel):
     verification_rule: Literal["ratio", "match"] = "ratio"
     target_top_probability: float | None = Field(default=None, gt=0.0, lt=1.0)
     draft_budget_limit: bool = False
+    rejection_sample_method: Literal["standard", "synthetic", "block"] = "standard"
+    synthetic_acceptance_rates: list[float] | None = None
+    synthetic_acceptance_length: float | None = None
 
     @model_validator(mode="after")
     def _vllm_rules(self) -> SpeculativeConfig:
@@ -105,11 +154,20 @@ class SpeculativeConfig(BaseModel):
                 )
             if self.num_speculative_tokens_per_batch_size is not None:
                 raise ValueError("draft_tree cannot be combined with num_speculative_tokens_per_batch_size")
+        if self.num_speculative_tokens is None and self.method == "suffix":
+            # vLLM: suffix decoding drafts up to its tree depth, num_speculative_tokens defaults to it
+            self.num_speculative_tokens = SUFFIX_DECODING_MAX_TREE_DEPTH
         if self.num_speculative_tokens is None:
             raise ValueError(
                 "num_speculative_tokens must be provided with speculative model unless the draft model config "
                 "contains an n_predict parameter"
             )
+        if self.num_speculative_tokens > MAX_SPEC_LEN:
+            raise ValueError(
+                f"num_speculative_tokens={self.num_speculative_tokens} exceeds {MAX_SPEC_LEN}, the most drafts per "
+                "request vLLM's rejection sampler verifies in one step (MAX_SPEC_LEN)"
+            )
+        self._resolve_synthetic()
         if self.method == "ngram":
             lo, hi = self.prompt_lookup_min, self.prompt_lookup_max
             if lo is None and hi is None:
@@ -129,12 +187,100 @@ class SpeculativeConfig(BaseModel):
             raise ValueError(f"method '{self.method}' takes no draft model")
         if self.num_speculative_tokens_per_batch_size is not None:
             validate_schedule(self.num_speculative_tokens_per_batch_size, self.num_speculative_tokens)
-        if self.acceptance is None and self.method not in DEFAULT_PROFILES:
+        if self.acceptance is None and self.method not in DEFAULT_PROFILES and not self.synthetic:
             raise ValueError(
                 f"method '{self.method}' has no default acceptance profile: set 'acceptance' (a profile name in "
                 "workloads/acceptance/, a path, per-position rates, or {alpha: ...})"
             )
         return self
+
+    def _resolve_synthetic(self) -> None:
+        """vLLM's ``_resolve_synthetic_acceptance_rates``: exactly one of the rates or the length, validated,
+        consolidated into ``synthetic_acceptance_rates`` (the length is then cleared, as vLLM does)."""
+        rates, length = self.synthetic_acceptance_rates, self.synthetic_acceptance_length
+        n = int(self.num_speculative_tokens)
+        if self.rejection_sample_method == "block":
+            raise ValueError(
+                "rejection_sample_method 'block' (block verification) is not modelled by servesim: use 'standard' "
+                "with an acceptance profile measured under it, or 'synthetic'"
+            )
+        if self.rejection_sample_method != "synthetic":
+            if rates is not None or length is not None:
+                raise ValueError(
+                    "synthetic_acceptance_rates / synthetic_acceptance_length are only valid with "
+                    "rejection_sample_method='synthetic'"
+                )
+            return
+        if (rates is None) == (length is None):
+            raise ValueError(
+                "rejection_sample_method='synthetic' requires exactly one of synthetic_acceptance_rates or "
+                "synthetic_acceptance_length"
+            )
+        if self.acceptance is not None:
+            raise ValueError(
+                "acceptance cannot be combined with rejection_sample_method='synthetic' (the synthetic rates are "
+                "the acceptance): remove one"
+            )
+        if self.draft_tree is not None:
+            raise ValueError("draft_tree cannot be combined with rejection_sample_method='synthetic' (vLLM drafts chains)")
+        if rates is not None:
+            if len(rates) != n:
+                raise ValueError(f"synthetic_acceptance_rates must have length {n} (num_speculative_tokens), got {rates}")
+            if not all(0.0 <= r <= 1.0 for r in rates):
+                raise ValueError(f"synthetic_acceptance_rates entries must be in [0, 1], got {rates}")
+            if any(rates[i] > rates[i - 1] for i in range(1, n)):
+                raise ValueError(
+                    f"synthetic_acceptance_rates must be non-increasing (unconditional per-position rates), got {rates}"
+                )
+            self.synthetic_acceptance_rates = [float(r) for r in rates]
+        else:
+            if not 1.0 <= length <= float(n + 1):
+                raise ValueError(f"synthetic_acceptance_length must be in [1, {n + 1}], got {length}")
+            self.synthetic_acceptance_rates = synthetic_rates_from_length(length, n)
+        self.synthetic_acceptance_length = None
+
+    @property
+    def synthetic(self) -> bool:
+        """vLLM's synthetic rejection sampling is on (``rejection_sample_method: synthetic``)."""
+        return self.rejection_sample_method == "synthetic"
+
+    def synthetic_profile(self):
+        """The acceptance profile of synthetic rejection sampling, or None when it is off.
+
+        Returns:
+            An :class:`~servesim.speculation.profile.AcceptanceProfile` whose ``per_position_acceptance`` are
+            the resolved ``synthetic_acceptance_rates`` (unconditional, one per speculative token; vLLM's
+            kernel accepts position ``i`` with ``p_i / p_(i-1)``, which servesim's sampling reproduces), every
+            round drafting (no no-match rounds).
+        """
+        if not self.synthetic:
+            return None
+        from servesim.speculation.profile import AcceptanceProfile
+
+        return AcceptanceProfile(
+            name=f"synthetic (mean acceptance length {1.0 + sum(self.synthetic_acceptance_rates):.4g})",
+            source="speculative_config.synthetic_acceptance_* (vLLM rejection_sample_method='synthetic')",
+            method=self.method,
+            per_position_acceptance=list(self.synthetic_acceptance_rates),
+        )
+
+    def check_target(self, model) -> None:
+        """vLLM's rule for MTP: above the target's number of MTP modules (``num_nextn_predict_layers``, vLLM's
+        ``n_predict``), ``num_speculative_tokens`` must be a multiple of it (the modules are reused in turn).
+
+        Args:
+            model: the target's model card (its ``num_nextn_predict_layers``; 0 = none declared, no check).
+
+        Raises:
+            ConfigError: ``speculative_config.num_speculative_tokens`` not divisible by the MTP module count.
+        """
+        n_predict = int(getattr(model, "num_nextn_predict_layers", 0) or 0)
+        k = int(self.num_speculative_tokens)
+        if self.method == "mtp" and n_predict > 0 and k > n_predict and k % n_predict:
+            raise ConfigError(
+                f"speculative_config.num_speculative_tokens: {k} must be divisible by n_predict={n_predict} "
+                f"(the MTP modules of model {getattr(model, 'name', '?')})"
+            )
 
     @property
     def lookahead_slots(self) -> int:
@@ -150,8 +296,8 @@ class SpeculativeConfig(BaseModel):
 def effective_profile(spec: SpeculativeConfig, profile):
     """The acceptance profile the engine should use: ``profile`` at the config's sampling temperature.
 
-    ``T = 0`` (greedy) returns ``profile`` unchanged (both verification rules accept exactly when the
-    argmaxes agree). ``T > 0`` returns ``profile.at_temperature(T, spec.verification_rule, ...)``: each
+    ``T = 0`` (greedy: both verification rules accept exactly when the argmaxes agree) and synthetic
+    acceptance (vLLM's synthetic kernels ignore the temperature) return ``profile`` unchanged. ``T > 0`` returns ``profile.at_temperature(T, spec.verification_rule, ...)``: each
     conditional rate given a match goes through
     :func:`servesim.speculation.temperature.acceptance_at_temperature` (servesim's documented peakedness
     model, not a published formula), the no-match share is kept. Apply it before a draft-tree conversion
@@ -164,7 +310,7 @@ def effective_profile(spec: SpeculativeConfig, profile):
     Returns:
         An :class:`~servesim.speculation.profile.AcceptanceProfile` (named ``...@T=<T>,<rule>`` when converted).
     """
-    if spec.temperature <= 0.0:
+    if spec.temperature <= 0.0 or spec.synthetic:
         return profile
     model = {}
     if spec.target_top_probability is not None:
