@@ -152,6 +152,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
     spec_setup = None
     if spec is not None:
         spec_setup = _spec_setup(spec, drafter, workload, folder, root)
+        spec_setup.prefill_lookahead = spec.num_prefill_lookahead_tokens(int(getattr(model, "num_nextn_predict_layers", 0) or 0))
         info["speculative_method"] = spec.method
         info["num_speculative_tokens"] = spec.num_speculative_tokens
         info["acceptance_profile"] = spec_setup.profile.name
@@ -211,6 +212,7 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
         draft_budget_limit=spec.draft_budget_limit,
         schedule=KSchedule(spec.num_speculative_tokens, spec.num_speculative_tokens_per_batch_size),
         lookahead=spec.lookahead_slots,
+        draft_slots=spec.max_num_new_slots_for_drafting,
         disable_by_batch_size=spec.disable_by_batch_size,
         drafts_may_be_empty=spec.drafts_may_be_empty,
         drafter=drafter,

@@ -47,7 +47,8 @@ class Engine:
         output_tokens: int array (N,), tokens each request generates (>= 1).
         arrivals: the :class:`ArrivalSource` releasing requests ``0..N-1``.
         step_time: the integer-picosecond step-time model.
-        kv_blocks_total: KV-cache capacity (blocks).
+        kv_blocks_total: KV-cache capacity (blocks), as vLLM's ``num_gpu_blocks``: block 0 is vLLM's null
+            block, so ``kv_blocks_total - 1`` blocks hold requests' KV.
         block_size: tokens per KV block.
         max_num_seqs: most requests running at once (vLLM ``max_num_seqs``).
         max_num_batched_tokens: token budget per step (vLLM ``max_num_batched_tokens``).
@@ -77,8 +78,9 @@ class Engine:
     ) -> None:
         if mode not in ("run", "step"):
             raise ValueError(f"unknown engine mode {mode!r} (expected 'run' or 'step')")
-        if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 or kv_blocks_total < 1:
-            raise ValueError("block_size, max_num_seqs, max_num_batched_tokens and KV blocks must be >= 1")
+        if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 or kv_blocks_total < 2:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1 and KV blocks >= 2 "
+                             "(vLLM keeps one null block)")
         self.P = [int(x) for x in np.asarray(prompt_tokens).tolist()]
         self.O = [int(x) for x in np.asarray(output_tokens).tolist()]
         n = len(self.P)
@@ -90,7 +92,12 @@ class Engine:
         self.max_seqs = int(max_num_seqs)
         self.chunked = bool(enable_chunked_prefill)
         self.mode = mode
-        self.total_blocks = int(kv_blocks_total)
+        self.total_blocks = int(kv_blocks_total) - 1  # usable blocks: vLLM's block pool keeps block 0 as its null block
+        # vLLM's per-request token costs in a step (0 without speculation; see SpecEngine): slots taken out of
+        # the token budget per scheduled request for drafting, and the prefill lookahead of multi-layer MTP
+        self.draft_slots = 0
+        self.prefill_lookahead = 0
+        self.tracer = None  # a servesim.engine.trace.StepTracer records every step when set
         self.max_time_ps = None if max_time_s is None else round(max_time_s * PS_PER_S)
         bs = self.bs
         if n:
@@ -187,25 +194,41 @@ class Engine:
         """
         waiting, P, gen, blk, bs = self.waiting, self.P, self.gen, self.blk, self.bs
         running, first_sched = self.running, self.first_sched
-        while waiting and budget > 0 and nrun < self.max_seqs:
+        ds = self.draft_slots
+        while waiting and budget > ds and nrun < self.max_seqs:
             r = waiting[0]
             total = P[r] + gen[r]
-            if -(-(total + lookahead) // bs) > free:
+            if -(-total // bs) > free:  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
                 break
-            n = total if total < budget else budget
+            n = total if total < budget - ds else budget - ds
             if n < total and not self.chunked:
                 break
-            need = -(-(n + lookahead) // bs)
+            if self.prefill_lookahead > 1:
+                n = self._reserve_prefill_lookahead(total, 0, n)
+                if not n:
+                    break
+            need = -(-(n + lookahead) // bs)  # the first chunk and the lookahead slots
+            if need > free:
+                break
             free -= need
             blk[r] = need
             waiting.popleft()
             running[r] = None
             nrun += 1
             sched.append((r, n))
-            budget -= n
+            budget -= n + ds
             if first_sched[r] < 0:
                 first_sched[r] = t0
         return budget, free
+
+    def _reserve_prefill_lookahead(self, total: int, computed: int, n: int) -> int:
+        """vLLM's multi-layer MTP rule (``Scheduler._reserve_prefill_lookahead``): a prefill chunk of ``n``
+        tokens never ends within ``prefill_lookahead`` tokens of the end of the request's ``total`` known
+        tokens; it is shortened to leave that many for the next chunk (0 = not schedulable this step)."""
+        remaining = total - computed - n
+        if 0 < remaining < self.prefill_lookahead:
+            n -= self.prefill_lookahead - remaining
+        return max(n, 0)
 
     def _flush_stale(self, t_emit: int) -> int:
         """Decoders whose last token came before the previous step's end (skipped by a short token budget)
@@ -247,6 +270,8 @@ class Engine:
         self.nc[victim] = 0
         self.npre[victim] += 1
         self.waiting.appendleft(victim)
+        if self.tracer is not None:
+            self.tracer.victims.append(victim)
         return freed
 
     def _stalled(self) -> None:
@@ -323,6 +348,8 @@ class Engine:
         d = self.st.step_ps(tokens, logits, kv, pairs)
         t1 = t0 + d
         used = self.total_blocks - free
+        if self.tracer is not None:
+            self.tracer.record(t0, ((r, n, 0) for r, n in sched), used, nwait, 0)
         itl = 0
         for r, n in sched:
             nc[r] += n
@@ -475,6 +502,9 @@ class Engine:
                 n = min(n, self._max_decode_steps(g, self.free))
         nb = self._decode_blocks(g, n)
         dur = n * d0 + inc * (n * (n - 1) // 2)
+        if self.tracer is not None:
+            self._trace_run(g, n, [t0 + j * d0 + inc * (j * (j - 1) // 2) for j in range(n)],
+                            [self._decode_blocks(g, j + 1) for j in range(n)], 0)
         t1 = t0 + dur
         self.free -= nb
         used = self.total_blocks - self.free
@@ -484,6 +514,22 @@ class Engine:
         self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
         if self.heap[0][0] == g + n - 1:
             self._finish_decoders(g + n - 1, t1)
+
+    def _trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
+        """Record the ``n`` steps of a run from step ``g`` (``starts``: their start times in ps;
+        ``new_blocks``: blocks allocated from the run's start up to each step, inclusive)."""
+        order = [(r,) + self._trace_tokens(r, g) for r in self.running]
+        waiting = len(self.waiting)
+        for j in range(n):
+            row = [(r, tokens[j] if isinstance(tokens, list) else tokens, drafts[j] if isinstance(drafts, list) else drafts)
+                   for r, tokens, drafts in order]
+            self.tracer.record(starts[j], row, self.total_blocks - self.free + new_blocks[j],
+                               waiting + self.arrivals.count_until(starts[j]), k)
+            order = [e for e in order if self.fing[e[0]] != g + j]
+
+    def _trace_tokens(self, r: int, g: int, n: int | None = None):
+        """(tokens, drafts) aggregated decoder ``r`` schedules from step ``g``: plain decoding, 1 and 0."""
+        return 1, 0
 
     @staticmethod
     def _steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
@@ -596,11 +642,14 @@ class Engine:
         d = self.st.step_ps(tokens, logits, kv, pairs)
         t1 = t0 + d
         used = self.total_blocks - free
+        if self.tracer is not None:
+            self._trace_mixed(t0, g, sched, used, nwait, 0)
         itl = B - self._flush_stale(t1)
         self.now = t1
         self.G = g + 1
         self._finish_decoders(g, t1)
-        self.partial = None
+        # a partial prefill that got no budget this step (the decoders took it all) stays the partial
+        self.partial = p if p is not None and not p_scheduled and p in self.running else None
         for r, n in sched:
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
@@ -609,6 +658,19 @@ class Engine:
             else:
                 self.partial = r
         self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, 0))
+
+    def _trace_mixed(self, t0: int, g: int, sched: list, used: int, nwait: int, k: int) -> None:
+        """Record a run-mode step: aggregated decoders and ``sched`` (prefills, admissions) in running order."""
+        chunks = {r: n for r, n in sched}
+        row = []
+        for r in self.running:
+            if r in chunks:
+                row.append((r, chunks[r], 0))
+            elif self.fing[r] >= 0:
+                tokens, drafts = self._trace_tokens(r, g)
+                row.append((r, tokens[0] if isinstance(tokens, list) else tokens,
+                            drafts[0] if isinstance(drafts, list) else drafts))
+        self.tracer.record(t0, row, used, nwait, k)
 
     # ------------------------------------------------------------------ results
     def _exact_durations(self):

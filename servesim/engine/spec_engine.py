@@ -61,6 +61,10 @@ class SpecSetup:
             K), or None for a chain.
         draft_budget_limit: llama.cpp's rule, a round drafts at most the request's remaining output
             tokens minus one.
+        draft_slots: token-budget slots each scheduled request takes for drafting (vLLM's
+            ``max_num_new_slots_for_drafting``: 1 for draft models, 0 otherwise).
+        prefill_lookahead: vLLM's ``num_prefill_lookahead_tokens``; above 1 (MTP with several layers) a
+            prefill chunk never ends within that many tokens of the prompt's end.
     """
 
     schedule: KSchedule
@@ -74,6 +78,8 @@ class SpecSetup:
     accept_table: np.ndarray | None = None
     tree_nodes: int | None = None
     draft_budget_limit: bool = False
+    draft_slots: int = 0
+    prefill_lookahead: int = 0
 
 
 SHORT_RUN = 24
@@ -95,6 +101,9 @@ class SpecEngine(Engine):
         if spec.tree_nodes is not None:
             self.width[self.K] = spec.tree_nodes
         self.L = int(spec.lookahead)
+        self.draft_slots = int(spec.draft_slots)
+        self.prefill_lookahead = int(spec.prefill_lookahead)
+        self.multi_partial = False  # run mode: several requests mid-prefill (MTP's chunk rule); plain steps then
         self.k_next = self.K if spec.schedule.entries is None else spec.schedule.k_for(1)
         self.off = np.concatenate(([0], np.cumsum(np.asarray(self.O, dtype=np.int64))[:-1])).tolist() if n else []
         self.rounds = [0] * n
@@ -187,6 +196,7 @@ class SpecEngine(Engine):
         P, O, gen, nc, bs, L = self.P, self.O, self.gen, self.nc, self.bs, self.L
         drafted = self.drafted
         running, waiting = self.running, self.waiting
+        ds = self.draft_slots
         t0 = self.now
         nwait = len(waiting)
         k_step = self.k_next  # drafts proposed in the previous step
@@ -196,7 +206,7 @@ class SpecEngine(Engine):
         preempted = 0
         order = list(running)
         idx = 0
-        while idx < len(order) and budget > 0:
+        while idx < len(order) and budget > ds:
             r = order[idx]
             d = a_full = 0
             if drafted[r] and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
@@ -205,19 +215,24 @@ class SpecEngine(Engine):
                 if self.budget_limit and d > O[r] - gen[r] - 1:
                     d = O[r] - gen[r] - 1  # llama.cpp: a draft never exceeds the remaining budget minus one
                 n = 1 + d
-                if n > budget:
-                    n = budget
+                if n > budget - ds:
+                    n = budget - ds
                     d = n - 1
             else:
                 n = P[r] + gen[r] - nc[r]
-                if n > budget:
-                    n = budget
+                if n > budget - ds:
+                    n = budget - ds
+                if self.prefill_lookahead > 1:
+                    n = self._reserve_prefill_lookahead(P[r] + gen[r], nc[r], n)
+                    if not n:  # vLLM skips it (``continue``) and schedules the requests after it
+                        idx += 1
+                        continue
             free, count, stop = self._make_room(order, r, -(-(nc[r] + n + L) // bs), free)
             preempted += count
             if stop:
                 break
             sched.append((r, n, d, a_full))
-            budget -= n
+            budget -= n + ds
             idx += 1
         if not preempted:
             adm: list[tuple[int, int]] = []
@@ -245,6 +260,8 @@ class SpecEngine(Engine):
         d_step = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
         t1 = t0 + d_step
         used = self.total_blocks - free
+        if self.tracer is not None:
+            self.tracer.record(t0, ((r, n, d) for r, n, d, _ in sched), used, nwait, k_new)
         itl = 0
         for r, n, d, a_full in sched:
             c = nc[r]
@@ -431,6 +448,15 @@ class SpecEngine(Engine):
         self.fing[r] = -1
         return blocks
 
+    def _trace_tokens(self, r: int, g: int, n: int | None = None):  # type: ignore[override]
+        """(tokens, drafts) per step from step g of aggregated decoder r (lists, or ints when fixed)."""
+        timeline = self.tl[r]
+        q = timeline[9]
+        if isinstance(q, np.ndarray):
+            q = q[g - timeline[0]:].tolist()
+            return q, [x - 1 for x in q]
+        return q, q - 1
+
     def _need_at(self, r: int, g: int) -> int:
         """New KV blocks decoder r allocates at step g."""
         timeline = self.tl[r]
@@ -469,6 +495,7 @@ class SpecEngine(Engine):
     def _aggregate(self) -> None:  # type: ignore[override]
         P, gen, nc, now, last = self.P, self.gen, self.nc, self.now, self.last_emit
         self.k_agg = self.k_next
+        prefilling = 0
         for r in self.running:
             if self.drafted[r] and nc[r] == P[r] + gen[r] - 1:
                 self._join(r, self.G)
@@ -476,6 +503,8 @@ class SpecEngine(Engine):
                     self.stale[r] = last[r]
             else:
                 self.partial = r
+                prefilling += 1
+        self.multi_partial = prefilling > 1
 
     def _finish_decoders(self, g_last: int, t1: int) -> None:  # type: ignore[override]
         heap, fing = self.heap, self.fing
@@ -503,13 +532,17 @@ class SpecEngine(Engine):
         return vals
 
     def _fast_step(self) -> None:  # type: ignore[override]
+        if self.multi_partial:
+            self._fallback()
+            return
         g = self.G
         if self.k_next != self.k_agg and self.tl:
             self._retime(g, self.k_next)
         self.k_agg = self.k_next
         B = self.B
+        ds = self.draft_slots
         t_dec = (int(self.TOK[g]) if self.var_q else B * (self.width[self.k_agg] + 1)) if B else 0
-        budget = self.M - t_dec
+        budget = self.M - t_dec - B * ds
         if budget < 0:
             self._fallback()
             return
@@ -517,10 +550,10 @@ class SpecEngine(Engine):
         if self.partial is None and B and nb <= self.free:
             waiting = self.waiting
             blocked = True
-            if waiting and budget > 0 and len(self.running) < self.max_seqs:
+            if waiting and budget > ds and len(self.running) < self.max_seqs:
                 h = waiting[0]
                 total = self.P[h] + self.gen[h]
-                blocked = -(-total // self.bs) > self.free - nb or (not self.chunked and total > budget)
+                blocked = -(-total // self.bs) > self.free - nb or (not self.chunked and total > budget - ds)
             if blocked:
                 self._spec_run(g, B)
                 return
@@ -583,6 +616,8 @@ class SpecEngine(Engine):
             n = int(np.searchsorted(cnb, self.free, side="right"))
         t1 = int(ends[n - 1])
         dur = t1 - t0
+        if self.tracer is not None:
+            self._trace_run(g, n, [t0] + ends[:n - 1].tolist(), cnb[:n].tolist(), k_new)
         self.free -= int(cnb[n - 1])
         used = self.total_blocks - self.free
         d0 = int(d[0])
@@ -619,6 +654,9 @@ class SpecEngine(Engine):
             m += 1
             if t_lim is not None and t >= t_lim:
                 break
+        if self.tracer is not None:
+            starts = [t0 + sum(durations[:j]) for j in range(m)]
+            self._trace_run(g, m, starts, [sum(nb[:j + 1]) for j in range(m)], k_new)
         self.free = free
         used = self.total_blocks - free
         d0 = durations[0]
@@ -637,11 +675,15 @@ class SpecEngine(Engine):
         nwait = len(self.waiting)
         k_step = self.k_agg
         p = self.partial
-        budget = self.M - self._dec_sums(g)[0]
+        ds = self.draft_slots
+        budget = self.M - self._dec_sums(g)[0] - self.B * ds
         n_p = need_p = 0
-        p_scheduled = p is not None and budget > 0
+        p_scheduled = p is not None and budget > ds
         if p_scheduled:
-            n_p = min(P[p] + gen[p] - nc[p], budget)
+            n_p = min(P[p] + gen[p] - nc[p], budget - ds)
+            if self.prefill_lookahead > 1:
+                n_p = self._reserve_prefill_lookahead(P[p] + gen[p], nc[p], n_p)
+                p_scheduled = n_p > 0
             need_p = max(-(-(nc[p] + n_p + L) // bs) - blk[p], 0)
         nb = int(self.NB[g]) if self.B else 0
         preempted = 0
@@ -656,7 +698,7 @@ class SpecEngine(Engine):
             free -= need_p
             blk[p] += need_p
             sched.append((p, n_p))
-        budget = self.M - t_dec - (n_p if p_scheduled else 0)
+        budget = self.M - t_dec - B * ds - (n_p + ds if p_scheduled else 0)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched, L)
         self.free = free
@@ -676,6 +718,8 @@ class SpecEngine(Engine):
         d = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
         t1 = t0 + d
         used = self.total_blocks - free
+        if self.tracer is not None:
+            self._trace_mixed(t0, g, sched, used, nwait, k_new)
         itl = B - self._flush_stale(t1)
         self.now = t1
         self.G = g + 1
@@ -683,7 +727,8 @@ class SpecEngine(Engine):
         if k_new != self.k_agg and self.tl:
             self._retime(g + 1, k_new)
         self.k_agg = self.k_next = k_new
-        self.partial = None
+        # requests still mid-prefill after this step: the partial if it got no chunk, and unfinished chunks
+        mids = [p] if p is not None and not p_scheduled and p in self.running else []
         for r, n in sched:
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
@@ -692,7 +737,9 @@ class SpecEngine(Engine):
                     self._start_decode(r)
                     self._join(r, g + 1)
             else:
-                self.partial = r
+                mids.append(r)
+        self.partial = mids[-1] if mids else None
+        self.multi_partial = len(mids) > 1
         self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, k_step))
         self.dur_chunks.append(d)
 
