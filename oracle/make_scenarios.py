@@ -130,6 +130,18 @@ def scenarios() -> list[dict]:
         engine(seqs=6, tokens=24), requests(34, 8, (20, 90), (10, 40), k=3), spec("draft_model", 3))
     add("medusa_k3_tight_kv", "Medusa k=3: vLLM reserves no lookahead slots; tight pool",
         engine(blocks=22), requests(35, 10, (20, 60), (30, 80), k=3), spec("medusa", 3))
+    adm = requests(104, 8, (2, 6), (20, 60), k=3)
+    for r in adm:
+        r["prompt_tokens"] *= 16  # whole blocks: the lookahead slots need one more block than the prompt
+    add("eagle_admission_lookahead", "EAGLE k=3, prompts of whole blocks, tight pool: admission checks the whole "
+        "prompt's blocks and the first chunk's blocks plus lookahead, not the prompt plus lookahead",
+        engine(tokens=32, blocks=22), adm, spec("eagle", 3))
+    ends = requests(100, 8, (1, 4), (10, 40), k=3)
+    for i, r in enumerate(ends):
+        r["prompt_tokens"] = r["prompt_tokens"] * 32 + 1 + i % 3  # chunks of 32 would end 1-3 tokens short
+    add("mtp3_k3_chunk_ends", "MTP with 3 layers, k=3, prompts 1-3 tokens past a multiple of the budget (32): "
+        "chunks are cut back so that none ends within 3 tokens of the prompt's end",
+        engine(tokens=32, blocks=60), ends, spec("mtp", 3, layers=3))
     # --- batch-size-dependent k
     add("eagle_table_k0", "k table with k=0 above 3 requests (lookahead slots stay at K)",
         engine(blocks=60), requests(36, 8, (10, 60), (20, 60), k=3),

@@ -109,6 +109,12 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         from servesim.speculation.costs import build_drafter
 
         spec = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")
+        if budget <= spec.max_num_new_slots_for_drafting:
+            raise ConfigError(
+                f"engine.max_num_batched_tokens: VllmConfig does not have enough slots to schedule a token and support "
+                f"the speculative decoding settings (max_num_batched_tokens={budget}, "
+                f"max_num_new_slots_for_drafting={spec.max_num_new_slots_for_drafting})"
+            )
         drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
     blocks = kv_cache_blocks(
         hardware,
