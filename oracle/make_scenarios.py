@@ -163,6 +163,21 @@ def scenarios() -> list[dict]:
         engine(blocks=20, async_scheduling=True), requests(51, 12, (20, 70), (30, 90)))
     add("async_eagle", "async scheduling, EAGLE k=3",
         engine(async_scheduling=True), requests(52, 8, (20, 80), (10, 60), k=3), spec("eagle", 3))
+    add("async_eagle_tight_kv", "async scheduling, EAGLE k=3, tight pool: allocation counts the previous step's "
+        "drafts as accepted; preemptions",
+        engine(blocks=24, async_scheduling=True), requests(53, 10, (20, 60), (30, 80), k=3), spec("eagle", 3))
+    add("async_draft_model_small_budget", "async scheduling, draft model k=3, budget 24",
+        engine(seqs=6, tokens=24, async_scheduling=True), requests(54, 8, (20, 90), (10, 40), k=3),
+        spec("draft_model", 3))
+    add("async_mtp3_k3", "async scheduling, MTP with 3 layers, k=3, small budget",
+        engine(tokens=48, blocks=40, async_scheduling=True), requests(55, 8, (40, 160), (10, 40), k=3),
+        spec("mtp", 3, layers=3))
+    add("async_eagle_table", "async scheduling, EAGLE with a k table including k=0",
+        engine(blocks=60, async_scheduling=True), requests(56, 8, (10, 60), (20, 60), k=3),
+        spec("eagle", 3, table=[[1, 3, 3], [4, 64, 0]]))
+    add("async_plain_max_num_seqs", "async scheduling, max_num_seqs=3 and 1-3 token outputs: finished requests "
+        "hold their slot and blocks while the next step is scheduled",
+        engine(seqs=3, blocks=30, async_scheduling=True), requests(57, 10, (10, 60), (1, 3), arrivals="zero"))
     return S
 
 

@@ -113,6 +113,7 @@ def replay(golden: dict, mode: str) -> list[dict]:
         max_num_seqs=eng["max_num_seqs"],
         max_num_batched_tokens=eng["max_num_batched_tokens"],
         enable_chunked_prefill=eng["enable_chunked_prefill"],
+        async_scheduling=eng["async_scheduling"],
         mode=mode,
     )
     engine.tracer = StepTracer()

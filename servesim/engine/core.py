@@ -54,6 +54,9 @@ class Engine:
         max_num_batched_tokens: token budget per step (vLLM ``max_num_batched_tokens``).
         enable_chunked_prefill: if False a prompt is admitted only when it fits the remaining budget whole.
         mode: ``"run"`` (fast, default) or ``"step"`` (one step at a time).
+        async_scheduling: vLLM's async scheduling (see :meth:`_release_finishing`): the next step is
+            scheduled before this step's output is processed, so a request that finishes in a step keeps
+            its blocks and its place in the running list while the next step is scheduled.
         max_time_s: stop the simulation at the first step boundary at or after this time (s); None = never.
 
     Raises:
@@ -75,6 +78,7 @@ class Engine:
         enable_chunked_prefill: bool = True,
         mode: str = "run",
         max_time_s: float | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         if mode not in ("run", "step"):
             raise ValueError(f"unknown engine mode {mode!r} (expected 'run' or 'step')")
@@ -98,6 +102,10 @@ class Engine:
         self.draft_slots = 0
         self.prefill_lookahead = 0
         self.tracer = None  # a servesim.engine.trace.StepTracer records every step when set
+        self.async_sched = bool(async_scheduling)
+        # async scheduling: requests that finished in the previous step -> whether vLLM knew they would
+        # (then it skips them; otherwise it schedules them once more and discards that output)
+        self.finishing: dict[int, bool] = {}
         self.max_time_ps = None if max_time_s is None else round(max_time_s * PS_PER_S)
         bs = self.bs
         if n:
@@ -263,13 +271,16 @@ class Engine:
 
     def _preempt(self, victim: int) -> int:
         """Preempt running request ``victim`` by recompute: free its blocks, reset its computed tokens, put
-        it at the FRONT of the waiting queue (vLLM V1). Returns the blocks it held."""
+        it at the FRONT of the waiting queue (vLLM V1). Returns the blocks it held. (A request that already
+        finished, under async scheduling, is not queued again: its output removes it from the queue before
+        the next step.)"""
         del self.running[victim]
         freed = self.blk[victim]
         self.blk[victim] = 0
         self.nc[victim] = 0
         self.npre[victim] += 1
-        self.waiting.appendleft(victim)
+        if victim not in self.finishing:
+            self.waiting.appendleft(victim)
         if self.tracer is not None:
             self.tracer.victims.append(victim)
         return freed
@@ -296,13 +307,33 @@ class Engine:
             return True
         return False
 
-    def _finish(self, r: int, t1: int) -> None:
-        self.free += self.blk[r]
-        self.blk[r] = 0
-        del self.running[r]
+    def _finish(self, r: int, t1: int, sure: bool = True) -> None:
+        """Request ``r`` emitted its last token at ``t1``; ``sure``: vLLM knew before the step that it would
+        (its output needed one more token). With async scheduling its blocks are freed after the next
+        step is scheduled (:meth:`_release_finishing`)."""
         self.fin[r] = t1
         self.finished += 1
         self.arrivals.on_finish(t1)
+        if self.async_sched:
+            self.finishing[r] = sure
+            return
+        self.free += self.blk[r]
+        self.blk[r] = 0
+        del self.running[r]
+
+    def _release_finishing(self) -> None:
+        """Async scheduling (vLLM's ``AsyncScheduler`` with two batches in flight): step ``n + 1`` is
+        scheduled before step ``n``'s output is processed, so requests that finished in step ``n`` still
+        run (they count against ``max_num_seqs``, hold their blocks and can be preemption victims) while
+        step ``n + 1`` is scheduled; processing step ``n``'s output then frees them. Called after each
+        step's scheduling."""
+        running, blk = self.running, self.blk
+        for r in self.finishing:
+            if r in running:
+                del running[r]
+                self.free += blk[r]
+                blk[r] = 0
+        self.finishing = {}
 
     # ------------------------------------------------------------------ the plain step (step mode)
     def _explicit_step(self) -> None:
@@ -317,8 +348,12 @@ class Engine:
         preempted = 0
         order = list(running)
         idx = 0
+        finishing = self.finishing
         while idx < len(order) and budget > 0:
             r = order[idx]
+            if r in finishing:  # async: finished in the previous step (plain decoding always knows it)
+                idx += 1
+                continue
             n = P[r] + gen[r] - nc[r]
             if n > budget:
                 n = budget
@@ -333,6 +368,9 @@ class Engine:
             budget, free = self._admit(t0, budget, free, len(running), sched)
         self.free = free
         if not sched:
+            if self.finishing:  # vLLM's empty async step: the previous output is processed, then it schedules again
+                self._release_finishing()
+                return
             self._stalled()
         # Step time.
         tokens = logits = kv = pairs = prefill = 0
@@ -350,6 +388,8 @@ class Engine:
         used = self.total_blocks - free
         if self.tracer is not None:
             self.tracer.record(t0, ((r, n, 0) for r, n in sched), used, nwait, 0)
+        if self.finishing:
+            self._release_finishing()
         itl = 0
         for r, n in sched:
             nc[r] += n
@@ -399,7 +439,7 @@ class Engine:
         """Write the aggregated decoders' state back to the per-request lists (at step ``self.G``)."""
         g, now, stale, last = self.G, self.now, self.stale, self.last_emit
         for r in self.running:
-            if r != self.partial:
+            if r != self.partial and self.fing[r] >= 0:
                 self._leave(r, g)
                 last[r] = stale.get(r, now)
         self.heap = []
@@ -410,6 +450,8 @@ class Engine:
         """Rebuild the aggregate from the per-request lists (after a plain step)."""
         P, gen, nc, now, last = self.P, self.gen, self.nc, self.now, self.last_emit
         for r in self.running:
+            if r in self.finishing:
+                continue
             if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:
                 self._join(r, self.G)
                 if last[r] != now:
@@ -466,6 +508,9 @@ class Engine:
         g = self.G
         bs = self.bs
         nb = self.cnt[(1 - g) % bs] if B else 0
+        if self.finishing and (self.partial is not None or nb > self.free):
+            self._fallback()  # async: preemption victims or a prefill chunk next to finished requests
+            return
         if self.partial is None and B and nb <= self.free:
             waiting = self.waiting
             blocked = True
@@ -485,7 +530,7 @@ class Engine:
         d0 = self.st.base_ps(B, B) + K * (self.A + B * g)
         inc = K * B
         n = self._next_finish() - g + 1  # up to the step where the first decoder finishes
-        if self.stale:
+        if self.stale or self.finishing:
             n = 1
         if n > 1:
             limits = []
@@ -512,13 +557,15 @@ class Engine:
         self.now = t1
         self.G = g + n
         self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
+        if self.finishing:
+            self._release_finishing()
         if self.heap[0][0] == g + n - 1:
             self._finish_decoders(g + n - 1, t1)
 
     def _trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
         """Record the ``n`` steps of a run from step ``g`` (``starts``: their start times in ps;
         ``new_blocks``: blocks allocated from the run's start up to each step, inclusive)."""
-        order = [(r,) + self._trace_tokens(r, g) for r in self.running]
+        order = [(r,) + self._trace_tokens(r, g) for r in self.running if self.fing[r] >= 0]
         waiting = len(self.waiting)
         for j in range(n):
             row = [(r, tokens[j] if isinstance(tokens, list) else tokens, drafts[j] if isinstance(drafts, list) else drafts)
@@ -628,6 +675,9 @@ class Engine:
             budget, free = self._admit(t0, budget, free, len(self.running), sched)
         self.free = free
         if not sched and not B:
+            if self.finishing:
+                self._release_finishing()
+                return
             self._stalled()
         ctx = self.A + B * g
         tokens, logits, kv, pairs, prefill = B, B, ctx, ctx, 0
@@ -644,6 +694,8 @@ class Engine:
         used = self.total_blocks - free
         if self.tracer is not None:
             self._trace_mixed(t0, g, sched, used, nwait, 0)
+        if self.finishing:
+            self._release_finishing()
         itl = B - self._flush_stale(t1)
         self.now = t1
         self.G = g + 1

@@ -104,6 +104,11 @@ class SpecEngine(Engine):
         self.draft_slots = int(spec.draft_slots)
         self.prefill_lookahead = int(spec.prefill_lookahead)
         self.multi_partial = False  # run mode: several requests mid-prefill (MTP's chunk rule); plain steps then
+        # async scheduling: drafts rejected in the step each request last verified in (``rej_step``); while
+        # the next step is scheduled vLLM still counts them as computed, so that step's KV allocation is
+        # for ``num_computed + rejected + scheduled + lookahead`` tokens
+        self.rej = [0] * n
+        self.rej_step = [-2] * n
         self.k_next = self.K if spec.schedule.entries is None else spec.schedule.k_for(1)
         self.off = np.concatenate(([0], np.cumsum(np.asarray(self.O, dtype=np.int64))[:-1])).tolist() if n else []
         self.rounds = [0] * n
@@ -206,10 +211,19 @@ class SpecEngine(Engine):
         preempted = 0
         order = list(running)
         idx = 0
+        finishing, zombies, G = self.finishing, [], self.G
         while idx < len(order) and budget > ds:
             r = order[idx]
             d = a_full = 0
-            if drafted[r] and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
+            if r in finishing:  # async: it finished in the previous step
+                if finishing[r]:  # vLLM knew it would: skipped
+                    idx += 1
+                    continue
+                d = self.width[k_step] if k_step else 0  # scheduled once more; the output is discarded
+                n = min(1 + d, budget - ds)
+                d = n - 1
+                zombies.append(r)
+            elif drafted[r] and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
                 a_full = self._a(r)
                 d = 0 if (k_step == 0 or a_full < 0) else self.width[k_step]
                 if self.budget_limit and d > O[r] - gen[r] - 1:
@@ -227,7 +241,8 @@ class SpecEngine(Engine):
                     if not n:  # vLLM skips it (``continue``) and schedules the requests after it
                         idx += 1
                         continue
-            free, count, stop = self._make_room(order, r, -(-(nc[r] + n + L) // bs), free)
+            inflight = self.rej[r] if self.async_sched and self.rej_step[r] == G - 1 else 0
+            free, count, stop = self._make_room(order, r, -(-(nc[r] + inflight + n + L) // bs), free)
             preempted += count
             if stop:
                 break
@@ -240,6 +255,9 @@ class SpecEngine(Engine):
             sched.extend((r, n, 0, 0) for r, n in adm)
         self.free = free
         if not sched:
+            if self.finishing:  # vLLM's empty async step: the previous output is processed, then it schedules again
+                self._release_finishing()
+                return
             self._stalled()
         tokens = logits = kv = pairs = prefill = nsamp = 0
         for r, n, d, _ in sched:
@@ -247,7 +265,7 @@ class SpecEngine(Engine):
             tokens += n
             kv += c + n
             pairs += n * c + n * (n + 1) // 2
-            is_decode = drafted[r] and c == P[r] + gen[r] - 1
+            is_decode = drafted[r] and c == P[r] + gen[r] - 1 or r in finishing
             if is_decode:
                 logits += n
                 nsamp += 1
@@ -262,13 +280,18 @@ class SpecEngine(Engine):
         used = self.total_blocks - free
         if self.tracer is not None:
             self.tracer.record(t0, ((r, n, d) for r, n, d, _ in sched), used, nwait, k_new)
+        if finishing:
+            self._release_finishing()
         itl = 0
         for r, n, d, a_full in sched:
             c = nc[r]
+            if zombies and r in zombies:
+                continue
             if drafted[r] and c == P[r] + gen[r] - 1:
                 acc = min(d, k_step, a_full) if a_full > 0 else 0
                 self._count(d, acc)
                 self.rounds[r] += 1
+                self.rej[r], self.rej_step[r] = d - acc, G
                 e = min(1 + acc, O[r] - gen[r])
                 if self.last_emit[r] == t0:
                     itl += 1
@@ -278,7 +301,7 @@ class SpecEngine(Engine):
                 nc[r] = c + 1 + acc
                 self.last_emit[r] = t1
                 if gen[r] >= O[r]:
-                    self._finish(r, t1)
+                    self._finish(r, t1, sure=gen[r] - e + 1 >= O[r])
             else:
                 nc[r] = c + n
                 if nc[r] == P[r] + gen[r]:
@@ -344,8 +367,15 @@ class SpecEngine(Engine):
             ncb = (nc0 - e[:J]) + cum[:J]
             q = (d[:J] + 1) if self.var_q else self.width[k] + 1
         bs = self.bs
-        need = (ncb + (q + self.L + bs - 1)) // bs
-        if self.var_q:
+        if self.async_sched:  # the previous round's rejected drafts still count while this round is scheduled
+            rej = np.zeros(J, dtype=np.int64)
+            rej[0] = self.rej[r] if self.rej_step[r] == g - 1 else 0
+            if acc is not None and J > 1:
+                rej[1:] = (q[:J - 1] if self.var_q else q) - 1 - acc[:J - 1]
+            need = (ncb + rej + (q + self.L + bs - 1)) // bs
+        else:
+            need = (ncb + (q + self.L + bs - 1)) // bs
+        if self.var_q or self.async_sched:
             held = np.maximum.accumulate(np.maximum(need, blk0))
         else:
             held = np.maximum(need, blk0)  # non-decreasing: ncb grows every round, q is fixed
@@ -429,6 +459,8 @@ class SpecEngine(Engine):
                 self.QQ[g:end] -= qs * (qs + 1) // 2
         if m and acc is not None:
             self.segments.append((acc[:m], q[:m] if self.var_q else None, k))
+            self.rej[r] = int(q[m - 1] if self.var_q else q) - 1 - int(acc[m - 1])
+            self.rej_step[r] = g - 1
         if m:
             if m < J:
                 nc = int(ncb[m])
@@ -497,6 +529,8 @@ class SpecEngine(Engine):
         self.k_agg = self.k_next
         prefilling = 0
         for r in self.running:
+            if r in self.finishing:
+                continue
             if self.drafted[r] and nc[r] == P[r] + gen[r] - 1:
                 self._join(r, self.G)
                 if last[r] != now:
@@ -512,10 +546,12 @@ class SpecEngine(Engine):
             _, r = heapq.heappop(heap)
             if fing[r] != g_last:
                 continue
+            timeline = self.tl[r]
+            before = timeline[5] + int(timeline[2][timeline[1] - 1]) - int(timeline[2][0])  # generated before its last round
             self._leave(r, g_last + 1)
             self.gen[r] = self.O[r]
             self.last_emit[r] = t1
-            self._finish(r, t1)
+            self._finish(r, t1, sure=before + 1 >= self.O[r])
 
     def _base_vec(self, tok: np.ndarray) -> np.ndarray:
         tab = self.base_tab
@@ -547,6 +583,9 @@ class SpecEngine(Engine):
             self._fallback()
             return
         nb = int(self.NB[g]) if B else 0
+        if self.finishing and (self.partial is not None or nb > self.free or not all(self.finishing.values())):
+            self._fallback()  # async: finished requests scheduled once more, preemption victims or a prefill chunk
+            return
         if self.partial is None and B and nb <= self.free:
             waiting = self.waiting
             blocked = True
@@ -565,7 +604,7 @@ class SpecEngine(Engine):
         k_step = self.k_agg
         k_new = self._k_new(B)
         n = self._next_finish() - g + 1
-        if self.stale or k_new != k_step:
+        if self.stale or k_new != k_step or self.finishing:
             n = 1
         if n > 4096:
             n = 4096
@@ -628,6 +667,8 @@ class SpecEngine(Engine):
         self.now = t1
         self.G = g + n
         self.k_next = k_new
+        if self.finishing:
+            self._release_finishing()
         self._finish_decoders(g + n - 1, t1)
 
     def _short_run(self, g: int, B: int, n: int, t_lim, k_step: int, k_new: int, kd: int) -> None:
@@ -667,6 +708,8 @@ class SpecEngine(Engine):
         self.now = t
         self.G = g + m
         self.k_next = k_new
+        if self.finishing:
+            self._release_finishing()
         self._finish_decoders(g + m - 1, t)
 
     def _spec_mixed_step(self, g: int) -> None:
@@ -703,6 +746,9 @@ class SpecEngine(Engine):
             budget, free = self._admit(t0, budget, free, len(self.running), sched, L)
         self.free = free
         if not sched and not B:
+            if self.finishing:
+                self._release_finishing()
+                return
             self._stalled()
         tokens, logits, kv, prefill, nsamp = t_dec, t_dec, ctx, 0, B
         for r, n in sched:
@@ -720,6 +766,8 @@ class SpecEngine(Engine):
         used = self.total_blocks - free
         if self.tracer is not None:
             self._trace_mixed(t0, g, sched, used, nwait, k_new)
+        if self.finishing:
+            self._release_finishing()
         itl = B - self._flush_stale(t1)
         self.now = t1
         self.G = g + 1
