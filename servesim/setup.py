@@ -71,6 +71,30 @@ def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_
         )
 
 
+ASYNC_SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+"""Speculative methods vLLM 0.32 runs with async scheduling (``VllmConfig``: the EAGLE family, MTP and draft
+models; not n-gram on the CPU, Medusa or suffix decoding)."""
+
+
+def resolve_async_scheduling(cfg: SimConfig, spec) -> bool:
+    """``engine.async_scheduling``, or vLLM 0.32's default on GPUs when unset: on, unless the speculative
+    method does not support it (then vLLM silently runs synchronously) or llama.cpp's draft budget rule is on.
+
+    Raises:
+        ConfigError: async scheduling asked for with a speculative method vLLM does not support it with.
+    """
+    wanted = cfg.engine.async_scheduling
+    supported = spec is None or (spec.method in ASYNC_SPECULATIVE_METHODS and not spec.draft_budget_limit)
+    if wanted is None:
+        return supported
+    if wanted and not supported:
+        raise ConfigError(
+            "engine.async_scheduling: currently, async scheduling is only supported with EAGLE/MTP/Draft Model "
+            f"kind of speculative decoding (got method '{spec.method}')"
+        )
+    return bool(wanted)
+
+
 @dataclass
 class Prepared:
     """Everything one replica needs, derived from a config (cards, limits, KV capacity, workload)."""
@@ -85,6 +109,7 @@ class Prepared:
     workload: object
     info: dict
     spec: object = None
+    async_scheduling: bool = False
 
 
 def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepared:
@@ -151,6 +176,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         "kv_cache_tokens": blocks * e.block_size,
         "block_size": e.block_size,
         "workload": workload.description,
+        "async_scheduling": resolve_async_scheduling(cfg, spec),
         "roofline_mode": cfg.roofline.mode,
         "decode_step_s_batch1": step_time.base_s(1, 1),
         "kv_s_per_token": step_time.kv_ps_per_token / PS_PER_S,
@@ -163,7 +189,8 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         info["num_speculative_tokens"] = spec.num_speculative_tokens
         info["acceptance_profile"] = spec_setup.profile.name
         info["mean_acceptance_length_model"] = float(spec_setup.profile.mean_acceptance_length(spec.num_speculative_tokens))
-    return Prepared(cfg, hardware, model, step_time, blocks, seqs, budget, workload, info, spec_setup)
+    return Prepared(cfg, hardware, model, step_time, blocks, seqs, budget, workload, info, spec_setup,
+                    info["async_scheduling"])
 
 
 def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSequence):
@@ -279,6 +306,7 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
             max_num_seqs=p.max_num_seqs,
             max_num_batched_tokens=p.max_num_batched_tokens,
             enable_chunked_prefill=e.enable_chunked_prefill,
+            async_scheduling=p.async_scheduling,
             mode=p.cfg.simulation.mode,
             max_time_s=p.cfg.simulation.max_time_s,
         )

@@ -711,13 +711,16 @@ class Engine:
                 self.partial = r
         self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, 0))
 
-    def _trace_mixed(self, t0: int, g: int, sched: list, used: int, nwait: int, k: int) -> None:
-        """Record a run-mode step: aggregated decoders and ``sched`` (prefills, admissions) in running order."""
+    def _trace_mixed(self, t0: int, g: int, sched: list, used: int, nwait: int, k: int, extra=None) -> None:
+        """Record a run-mode step: aggregated decoders, ``sched`` (prefills, admissions) and ``extra``
+        (request -> (tokens, drafts, ...): finished requests scheduled once more) in running order."""
         chunks = {r: n for r, n in sched}
         row = []
         for r in self.running:
             if r in chunks:
                 row.append((r, chunks[r], 0))
+            elif extra and r in extra:
+                row.append((r, extra[r][0], extra[r][1]))
             elif self.fing[r] >= 0:
                 tokens, drafts = self._trace_tokens(r, g)
                 row.append((r, tokens[0] if isinstance(tokens, list) else tokens,

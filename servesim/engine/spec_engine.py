@@ -583,9 +583,14 @@ class SpecEngine(Engine):
             self._fallback()
             return
         nb = int(self.NB[g]) if B else 0
-        if self.finishing and (self.partial is not None or nb > self.free or not all(self.finishing.values())):
-            self._fallback()  # async: finished requests scheduled once more, preemption victims or a prefill chunk
-            return
+        if self.finishing:
+            zombies = None if self.partial is not None or nb > self.free else self._zombies(budget, nb)
+            if zombies is None:
+                self._fallback()  # async: preemption victims, a prefill chunk or a short budget next to finished requests
+                return
+            if zombies:
+                self._spec_mixed_step(g, zombies)
+                return
         if self.partial is None and B and nb <= self.free:
             waiting = self.waiting
             blocked = True
@@ -712,14 +717,36 @@ class SpecEngine(Engine):
             self._release_finishing()
         self._finish_decoders(g + m - 1, t)
 
-    def _spec_mixed_step(self, g: int) -> None:
+    def _zombies(self, budget: int, nb: int) -> dict | None:
+        """Async scheduling, run mode: the requests that finished in the previous step without vLLM knowing
+        they would, which it schedules once more (``1 + k`` tokens, output discarded): request -> (tokens,
+        drafts, new KV blocks). None when they do not all fit whole in the budget and the free blocks
+        (then the step needs vLLM's per-request order: a plain step)."""
+        out = {}
+        k_step, ds, bs, G = self.k_agg, self.draft_slots, self.bs, self.G
+        free = self.free - nb
+        for r, sure in self.finishing.items():
+            if sure or r not in self.running:
+                continue
+            d = self.width[k_step] if k_step else 0
+            inflight = self.rej[r] if self.rej_step[r] == G - 1 else 0
+            need = max(-(-(self.nc[r] + inflight + 1 + d + self.L) // bs) - self.blk[r], 0)
+            budget -= 1 + d + ds
+            free -= need
+            if budget < 0 or free < 0:
+                return None
+            out[r] = (1 + d, d, need)
+        return out
+
+    def _spec_mixed_step(self, g: int, zombies: dict | None = None) -> None:
         P, gen, nc, blk, bs, L = self.P, self.gen, self.nc, self.blk, self.bs, self.L
         t0 = self.now
         nwait = len(self.waiting)
         k_step = self.k_agg
         p = self.partial
         ds = self.draft_slots
-        budget = self.M - self._dec_sums(g)[0] - self.B * ds
+        z_tokens = sum(q + ds for q, _, _ in zombies.values()) if zombies else 0
+        budget = self.M - self._dec_sums(g)[0] - self.B * ds - z_tokens
         n_p = need_p = 0
         p_scheduled = p is not None and budget > ds
         if p_scheduled:
@@ -741,16 +768,24 @@ class SpecEngine(Engine):
             free -= need_p
             blk[p] += need_p
             sched.append((p, n_p))
-        budget = self.M - t_dec - B * ds - (n_p + ds if p_scheduled else 0)
+        budget = self.M - t_dec - B * ds - z_tokens - (n_p + ds if p_scheduled else 0)
+        if zombies:
+            for z, (q, _, need) in zombies.items():
+                free -= need
+                blk[z] += need
+                c = nc[z]
+                t_dec += q
+                ctx += c + q
+                pairs += q * c + q * (q + 1) // 2
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched, L)
         self.free = free
-        if not sched and not B:
+        if not sched and not B and not zombies:
             if self.finishing:
                 self._release_finishing()
                 return
             self._stalled()
-        tokens, logits, kv, prefill, nsamp = t_dec, t_dec, ctx, 0, B
+        tokens, logits, kv, prefill, nsamp = t_dec, t_dec, ctx, 0, B + (len(zombies) if zombies else 0)
         for r, n in sched:
             c = nc[r]
             tokens += n
@@ -760,12 +795,13 @@ class SpecEngine(Engine):
             if c + n == P[r] + gen[r]:
                 logits += 1
                 nsamp += 1
-        k_new = self._k_new(B + len(sched))
+        batch = B + len(sched) + (len(zombies) if zombies else 0)
+        k_new = self._k_new(batch)
         d = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
         t1 = t0 + d
         used = self.total_blocks - free
         if self.tracer is not None:
-            self._trace_mixed(t0, g, sched, used, nwait, k_new)
+            self._trace_mixed(t0, g, sched, used, nwait, k_new, zombies)
         if self.finishing:
             self._release_finishing()
         itl = B - self._flush_stale(t1)
@@ -788,7 +824,7 @@ class SpecEngine(Engine):
                 mids.append(r)
         self.partial = mids[-1] if mids else None
         self.multi_partial = len(mids) > 1
-        self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, k_step))
+        self.rows.append((t0, 1, d, 0, d, batch, tokens, prefill, itl, used, nwait, preempted, k_step))
         self.dur_chunks.append(d)
 
     def output(self):
