@@ -24,6 +24,7 @@ configs = st.fixed_dictionaries(
         "rate": st.floats(0.5, 200.0),
         "chunked": st.booleans(),
         "closed_loop": st.integers(0, 8),
+        "async_scheduling": st.booleans(),
     }
 )
 
@@ -46,7 +47,8 @@ def _build(c):
 def _run(c, mode, check_blocks=False):
     prompt, output, arrival, blocks = _build(c)
     kw = dict(block_size=c["block_size"], max_num_seqs=c["max_num_seqs"], kv_blocks=blocks,
-              max_num_batched_tokens=c["max_num_batched_tokens"], chunked=c["chunked"], mode=mode)
+              max_num_batched_tokens=c["max_num_batched_tokens"], chunked=c["chunked"], mode=mode,
+              async_scheduling=c["async_scheduling"])
     if c["closed_loop"]:
         return run_engine(prompt, output, concurrency=c["closed_loop"], **kw), prompt, output, blocks
     return run_engine(prompt, output, arrival, **kw), prompt, output, blocks
@@ -98,7 +100,7 @@ def test_kv_blocks_never_exceed_capacity_or_go_negative(c):
                          arrivals=ArrivalSource(times=times, num_requests=len(times)),
                          step_time=realistic_step_model(), kv_blocks_total=blocks, block_size=c["block_size"],
                          max_num_seqs=c["max_num_seqs"], max_num_batched_tokens=c["max_num_batched_tokens"],
-                         enable_chunked_prefill=c["chunked"], mode="step")
+                         enable_chunked_prefill=c["chunked"], mode="step", async_scheduling=c["async_scheduling"])
     env = simpy.Environment()
     env.process(eng.process(env))
     env.run()
@@ -142,6 +144,7 @@ spec_configs = st.fixed_dictionaries(
         "rate": st.floats(1.0, 80.0),
         "schedule": st.booleans(),
         "tree": st.booleans(),
+        "async_scheduling": st.booleans(),
     }
 )
 
@@ -160,7 +163,8 @@ def test_speculation_keeps_tokens_and_modes_agree(c):
         "hardware": "h100-sxm",
         "model": "llama-3.1-8b",
         "seed": c["seed"],
-        "engine": {"num_gpu_blocks_override": c["blocks"], "max_num_batched_tokens": c["budget"], "max_num_seqs": 64},
+        "engine": {"num_gpu_blocks_override": c["blocks"], "max_num_batched_tokens": c["budget"], "max_num_seqs": 64,
+                   "async_scheduling": c["async_scheduling"] and c["method"] != "ngram"},
         "workload": {"type": "poisson", "rate": c["rate"], "num_requests": 60,
                      "prompt_tokens": {"type": "uniform", "low": 1, "high": 3000},
                      "output_tokens": {"type": "uniform", "low": 1, "high": 400}},
