@@ -1,6 +1,9 @@
 """The engine of one model replica: vLLM V1 scheduling over a paged KV cache, advanced by SimPy.
 
-Scheduling follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``, see ``vllm-semantics.md``):
+Scheduling mirrors vLLM 0.32's v1 scheduler (``vllm/v1/core/sched/scheduler.py``; checked step by step
+against it on the golden traces of ``tests/data/golden/``, written by ``oracle/vllm_oracle.py``):
+
+* the KV pool has ``num_gpu_blocks - 1`` usable blocks (block 0 is vLLM's null block);
 
 * every step walks the RUNNING requests in admission order, giving each the tokens it still has to
   compute (``prompt + generated - num_computed``: 1 for a decoding request, a chunk of the prompt for a
@@ -10,10 +13,16 @@ Scheduling follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``, see ``vllm-sema
   tokens reset to 0, it goes to the FRONT of the waiting queue), and if that victim is the request being
   scheduled, scheduling of running requests stops for this step;
 * then, only if nobody was preempted in this step, WAITING requests are admitted in FCFS order while
-  budget is left and fewer than ``max_num_seqs`` run, each only if its whole prompt fits in the free blocks
-  (``scheduler_reserve_full_isl``); with chunked prefill a prompt takes whatever budget is left;
+  budget is left and fewer than ``max_num_seqs`` run, each only if its whole sequence fits in the free
+  blocks (``scheduler_reserve_full_isl``) and its first chunk plus the lookahead slots can be allocated;
+  with chunked prefill a prompt takes whatever budget is left;
 * a request whose computed tokens reach its known tokens samples one token at the end of the step;
-  a finished request frees its blocks at the end of the step.
+  a finished request frees its blocks at the end of the step, or, with async scheduling
+  (``async_scheduling``, vLLM's default on GPUs), after the next step has been scheduled.
+
+Speculative decoding adds vLLM's per-method rules (:mod:`servesim.engine.spec_engine`): the drafting
+slots a draft model takes out of the budget, the lookahead KV slots, MTP's prefill-chunk rule and, with
+async scheduling, the optimistic KV allocation for the previous step's drafts.
 
 Two modes produce the same result, bit for bit (all times are integer picoseconds):
 

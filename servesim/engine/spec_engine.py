@@ -1,4 +1,4 @@
-"""Speculative decoding in the engine (vLLM V1 semantics, see ``vllm-semantics.md``).
+"""Speculative decoding in the engine (vLLM 0.32's v1 scheduler, checked against it on golden traces).
 
 In every step, each decoding request schedules ``1 + k`` tokens: its last sampled token and the ``k``
 drafts the drafter proposed in the previous step (a draft tree schedules all its nodes: the verify width
@@ -8,7 +8,12 @@ prefix of ``a`` drafts and samples one more token, so it emits ``1 + a`` tokens 
 advance by ``1 + a`` (rejected drafts roll back ``num_computed_tokens`` but keep their KV blocks). KV slots
 are allocated for ``num_computed + scheduled + lookahead`` tokens, with ``lookahead = K`` (the static
 ``num_speculative_tokens``) for the EAGLE family, MTP and draft models, also when a batch-size schedule
-sets ``k = 0`` (vLLM issue 49548), and 0 for n-gram. The drafter then runs in the same step (cost model in
+sets ``k = 0`` (vLLM issue 49548), and 0 for n-gram and Medusa. A draft model takes one more slot of the
+token budget per scheduled request (``max_num_new_slots_for_drafting``); with several MTP layers a
+prefill chunk never ends within K tokens of the prompt's end (``num_prefill_lookahead_tokens``). With
+async scheduling the next step is scheduled before this step's drafts are verified, so its KV allocation
+counts them all as accepted (``num_computed + rejected + scheduled + lookahead``), and a request that
+finished without vLLM knowing it would is scheduled once more (its output is discarded). The drafter then runs in the same step (cost model in
 :mod:`servesim.speculation.costs`). ``k`` for the next step's drafts is chosen from this step's batch size
 (``num_speculative_tokens_per_batch_size``); V0's ``disable_by_batch_size`` turns speculation off when
 running requests >= the threshold: that step drafts nothing, so the next step verifies no drafts.
