@@ -185,7 +185,8 @@ class Driver:
             if samples:
                 acc = 0
                 if self.sampled_since_admit[r]:  # a verification round (it sampled in its previous step)
-                    a = self.reqs[r]["accept"][self.rounds[r]] if self.spec else 0
+                    accept = self.reqs[r].get("accept", [])
+                    a = accept[self.rounds[r]] if self.rounds[r] < len(accept) else 0
                     acc = max(0, min(d, a))
                     self.rounds[r] += 1
                 tokens = [5] * (1 + acc)

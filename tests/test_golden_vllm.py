@@ -136,12 +136,24 @@ def first_difference(got: list[dict], want: list[dict]) -> str | None:
     return None
 
 
-def test_enough_golden_scenarios():
+def test_enough_golden_scenarios_covering_the_rules():
     assert len(GOLDEN_FILES) >= 30
+    methods, asyncs, preemptions, tables_with_k0, block_sizes = set(), set(), 0, 0, set()
     for path in GOLDEN_FILES:
         golden = load(path)
         assert golden["vllm_version"] == "0.32.0"
         assert golden["steps"], path.name
+        scen = golden["scenario"]
+        spec = scen["speculative_config"] or {}
+        methods.add((spec.get("method"), spec.get("num_nextn_predict_layers")))
+        asyncs.add((scen["engine"]["async_scheduling"], spec.get("method")))
+        block_sizes.add(scen["engine"]["block_size"])
+        preemptions += sum(len(s["preempted"]) for s in golden["steps"])
+        tables_with_k0 += any(e[2] == 0 for e in spec.get("num_speculative_tokens_per_batch_size") or [])
+    assert {m for m, _ in methods} >= {None, "ngram", "eagle", "eagle3", "mtp", "draft_model", "medusa"}
+    assert ("mtp", 1) in methods and ("mtp", 3) in methods
+    assert {(True, None), (True, "eagle"), (False, None)} <= asyncs
+    assert block_sizes == {16, 32} and preemptions > 50 and tables_with_k0 >= 2
 
 
 @pytest.mark.parametrize("mode", ["step", "run"])
