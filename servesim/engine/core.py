@@ -583,7 +583,7 @@ class Engine:
                                waiting + self.arrivals.count_until(starts[j]), k)
             order = [e for e in order if self.fing[e[0]] != g + j]
 
-    def _trace_tokens(self, r: int, g: int, n: int | None = None):
+    def _trace_tokens(self, r: int, g: int):
         """(tokens, drafts) aggregated decoder ``r`` schedules from step ``g``: plain decoding, 1 and 0."""
         return 1, 0
 

@@ -485,7 +485,7 @@ class SpecEngine(Engine):
         self.fing[r] = -1
         return blocks
 
-    def _trace_tokens(self, r: int, g: int, n: int | None = None):  # type: ignore[override]
+    def _trace_tokens(self, r: int, g: int):  # type: ignore[override]
         """(tokens, drafts) per step from step g of aggregated decoder r (lists, or ints when fixed)."""
         timeline = self.tl[r]
         q = timeline[9]
