@@ -1,8 +1,8 @@
 """Write the golden scenarios (``oracle/scenarios/*.json``), deterministically from fixed seeds.
 
-Run with any Python >= 3.11 with numpy (servesim's own venv will do)::
+Run with any Python >= 3.11 with numpy (the oracle's venv or servesim's)::
 
-    python oracle/make_scenarios.py
+    oracle/.venv/bin/python oracle/make_scenarios.py
 
 Each scenario is small (4-24 requests, tens to a few hundred steps) and aims at one scheduling rule; the
 list at the bottom says which. ``accept`` gives, per request, the drafts accepted in each verification
