@@ -142,6 +142,9 @@ def scenarios() -> list[dict]:
     add("mtp3_k3_chunk_ends", "MTP with 3 layers, k=3, prompts 1-3 tokens past a multiple of the budget (32): "
         "chunks are cut back so that none ends within 3 tokens of the prompt's end",
         engine(tokens=32, blocks=60), ends, spec("mtp", 3, layers=3))
+    add("eagle_k4_preempt_no_admission", "EAGLE k=4, very tight pool: no admission in a step that preempted, "
+        "although the victim's whole sequence would fit again (admission does not count lookahead slots)",
+        engine(tokens=64, blocks=18, seqs=6), requests(300, 10, (8, 40), (20, 80), k=4), spec("eagle", 4))
     # --- batch-size-dependent k
     add("eagle_table_k0", "k table with k=0 above 3 requests (lookahead slots stay at K)",
         engine(blocks=60), requests(36, 8, (10, 60), (20, 60), k=3),
