@@ -520,17 +520,20 @@ class Engine:
         if self.finishing and (self.partial is not None or nb > self.free):
             self._fallback()  # async: preemption victims or a prefill chunk next to finished requests
             return
-        if self.partial is None and B and nb <= self.free:
-            waiting = self.waiting
-            blocked = True
-            if waiting and budget > 0 and len(self.running) < self.max_seqs:
-                h = waiting[0]
-                total = self.P[h] + self.gen[h]
-                blocked = -(-total // bs) > self.free - nb or (not self.chunked and total > budget)
-            if blocked:
-                self._decode_run(g, B)
-                return
+        if self.partial is None and B and nb <= self.free and self._head_blocked(self.free - nb, budget):
+            self._decode_run(g, B)
+            return
         self._mixed_step(g, budget, nb)
+
+    def _head_blocked(self, free: int, budget: int) -> bool:
+        """Whether the head of the waiting queue cannot be admitted with ``free`` blocks left after the
+        decoders' allocations and ``budget`` tokens left (or nothing waits, or ``max_num_seqs`` run)."""
+        waiting = self.waiting
+        if not waiting or budget <= 0 or len(self.running) >= self.max_seqs:
+            return True
+        h = waiting[0]
+        total = self.P[h] + self.gen[h]
+        return -(-total // self.bs) > free or (not self.chunked and total > budget)
 
     def _decode_run(self, g: int, B: int) -> None:
         """A run of decode-only steps up to the next event, in O(1)."""
@@ -539,8 +542,18 @@ class Engine:
         d0 = self.st.base_ps(B, B) + K * (self.A + B * g)
         inc = K * B
         n = self._next_finish() - g + 1  # up to the step where the first decoder finishes
-        if self.stale or self.finishing:
+        released = 0
+        if self.stale:
             n = 1
+        elif self.finishing:
+            # async: the requests that finished in the previous step leave once this run's first step is
+            # scheduled; the run goes on only if the waiting queue's head stays blocked without them
+            free_before = self.free
+            self._release_finishing()
+            released = self.free - free_before
+            nb0 = self._decode_blocks(g, 1)
+            if n > 1 and not self._head_blocked(self.free - nb0 - self._decode_blocks(g + 1, 1), self.M - B):
+                n = 1
         if n > 1:
             limits = []
             if not self.waiting:
@@ -558,16 +571,21 @@ class Engine:
         dur = n * d0 + inc * (n * (n - 1) // 2)
         if self.tracer is not None:
             self._trace_run(g, n, [t0 + j * d0 + inc * (j * (j - 1) // 2) for j in range(n)],
-                            [self._decode_blocks(g, j + 1) for j in range(n)], 0)
+                            [self._decode_blocks(g, j + 1) + (released if j == 0 else 0) for j in range(n)], 0)
         t1 = t0 + dur
         self.free -= nb
         used = self.total_blocks - self.free
         itl = B - self._flush_stale(t0 + d0)
         self.now = t1
         self.G = g + n
-        self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
-        if self.finishing:
-            self._release_finishing()
+        nwait = len(self.waiting)
+        if released:  # the first step still held the finished requests' blocks: a row of its own
+            first_used = self.total_blocks - self.free - nb + self._decode_blocks(g, 1) + released
+            self.rows.append((t0, 1, d0, 0, d0, B, B, 0, itl, first_used, nwait, 0, 0))
+            if n > 1:
+                self.rows.append((t0 + d0, n - 1, d0 + inc, inc, dur - d0, B, B, 0, B, used, nwait, 0, 0))
+        else:
+            self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, nwait, 0, 0))
         if self.heap[0][0] == g + n - 1:
             self._finish_decoders(g + n - 1, t1)
 
