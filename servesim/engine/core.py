@@ -732,6 +732,8 @@ class Engine:
         for r, n in sched:
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
+                if gen[r] >= 1 and self.last_emit[r] == t0:
+                    itl += 1  # a recompute admitted right after its preemption (async's repeated schedule)
                 if not self._emit(r, t0, t1):
                     self._join(r, g + 1)
             else:
