@@ -71,6 +71,30 @@ def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_
         )
 
 
+ASYNC_SPECULATIVE_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+"""Speculative methods vLLM 0.32 runs with async scheduling (``VllmConfig``: the EAGLE family, MTP and draft
+models; not n-gram on the CPU, Medusa or suffix decoding)."""
+
+
+def resolve_async_scheduling(cfg: SimConfig, spec) -> bool:
+    """``engine.async_scheduling``, or vLLM 0.32's default on GPUs when unset: on, unless the speculative
+    method does not support it (then vLLM silently runs synchronously) or llama.cpp's draft budget rule is on.
+
+    Raises:
+        ConfigError: async scheduling asked for with a speculative method vLLM does not support it with.
+    """
+    wanted = cfg.engine.async_scheduling
+    supported = spec is None or (spec.method in ASYNC_SPECULATIVE_METHODS and not spec.draft_budget_limit)
+    if wanted is None:
+        return supported
+    if wanted and not supported:
+        raise ConfigError(
+            "engine.async_scheduling: currently, async scheduling is only supported with EAGLE/MTP/Draft Model "
+            f"kind of speculative decoding (got method '{spec.method}')"
+        )
+    return bool(wanted)
+
+
 @dataclass
 class Prepared:
     """Everything one replica needs, derived from a config (cards, limits, KV capacity, workload)."""
@@ -85,6 +109,7 @@ class Prepared:
     workload: object
     info: dict
     spec: object = None
+    async_scheduling: bool = False
 
 
 def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepared:
@@ -110,6 +135,12 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
 
         spec = validate(SpeculativeConfig, cfg.speculative_config, "config", key_prefix="speculative_config")
         spec.check_target(model)
+        if budget <= spec.max_num_new_slots_for_drafting:
+            raise ConfigError(
+                f"engine.max_num_batched_tokens: VllmConfig does not have enough slots to schedule a token and support "
+                f"the speculative decoding settings (max_num_batched_tokens={budget}, "
+                f"max_num_new_slots_for_drafting={spec.max_num_new_slots_for_drafting})"
+            )
         drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
     blocks = kv_cache_blocks(
         hardware,
@@ -146,6 +177,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         "kv_cache_tokens": blocks * e.block_size,
         "block_size": e.block_size,
         "workload": workload.description,
+        "async_scheduling": resolve_async_scheduling(cfg, spec),
         "roofline_mode": cfg.roofline.mode,
         "decode_step_s_batch1": step_time.base_s(1, 1),
         "kv_s_per_token": step_time.kv_ps_per_token / PS_PER_S,
@@ -153,11 +185,13 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
     spec_setup = None
     if spec is not None:
         spec_setup = _spec_setup(spec, drafter, workload, folder, root)
+        spec_setup.prefill_lookahead = spec.num_prefill_lookahead_tokens(int(getattr(model, "num_nextn_predict_layers", 0) or 0))
         info["speculative_method"] = spec.method
         info["num_speculative_tokens"] = spec.num_speculative_tokens
         info["acceptance_profile"] = spec_setup.profile.name
         info["mean_acceptance_length_model"] = float(spec_setup.profile.mean_acceptance_length(spec.num_speculative_tokens))
-    return Prepared(cfg, hardware, model, step_time, blocks, seqs, budget, workload, info, spec_setup)
+    return Prepared(cfg, hardware, model, step_time, blocks, seqs, budget, workload, info, spec_setup,
+                    info["async_scheduling"])
 
 
 def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSequence):
@@ -212,6 +246,7 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
         draft_budget_limit=spec.draft_budget_limit,
         schedule=KSchedule(spec.num_speculative_tokens, spec.num_speculative_tokens_per_batch_size),
         lookahead=spec.lookahead_slots,
+        draft_slots=spec.max_num_new_slots_for_drafting,
         disable_by_batch_size=spec.disable_by_batch_size,
         drafts_may_be_empty=spec.drafts_may_be_empty,
         drafter=drafter,
@@ -272,6 +307,7 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
             max_num_seqs=p.max_num_seqs,
             max_num_batched_tokens=p.max_num_batched_tokens,
             enable_chunked_prefill=e.enable_chunked_prefill,
+            async_scheduling=p.async_scheduling,
             mode=p.cfg.simulation.mode,
             max_time_s=p.cfg.simulation.max_time_s,
         )

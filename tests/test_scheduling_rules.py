@@ -23,7 +23,7 @@ R7   waiting requests are admitted FCFS; the first that does not fit stops      
      admission (no skipping)
 R8   a waiting request is admitted only if its WHOLE prompt fits in the free     whole_prompt,
      blocks (``scheduler_reserve_full_isl``); it is allocated its first chunk    whole_prompt_check_leaves_out
-                                                                                 _the_lookahead (xfail today)
+                                                                                 _the_lookahead
 R9   admission stops at ``max_num_seqs`` running requests                        max_num_seqs
 R10  admission needs token budget; with chunked prefill a prompt takes what is   chunks, chunked_off,
      left, without it the prompt must fit whole                                  prefill_chunks_beside
@@ -33,8 +33,8 @@ R11  a request samples when its computed tokens reach its known tokens;         
 R12  speculation: a decoding request schedules ``1 + k`` (its drafts), fewer     budget_truncates, no_admit,
      when the budget is short; KV slots for ``computed + scheduled + K``         prefill_chunks_beside,
      (lookahead: EAGLE family and draft models; none for n-gram, suffix,         lookahead_slots_per_method
-     Medusa); it emits ``1 + accepted``                                          (medusa: xfail today)
-R13  block 0 is vLLM's null block: a pool of N blocks has N - 1 usable           null_block (xfail today)
+     Medusa); it emits ``1 + accepted``                                          
+R13  block 0 is vLLM's null block: a pool of N blocks has N - 1 usable           null_block
 ===  ==========================================================================  ===========================
 
 Pool sizes are given as vLLM's ``num_gpu_blocks`` (null block included). In plain decoding rule R6 cannot
@@ -66,17 +66,14 @@ from servesim.speculation.schedule import KSchedule
 STEP_S = 0.01
 """Every engine step lasts exactly this long (s)."""
 
-ENGINE_MODELS_NULL_BLOCK = False
-"""Whether the engine's ``kv_blocks_total`` counts vLLM's null block (then N blocks give N - 1 usable).
-Today it does not (branch i10 changes that): set True, and remove the xfail of ``test_block_zero_is_the_null_
-block``, when that lands."""
 
 MODES = ["step", "run"]
 
 
 def engine_blocks(num_gpu_blocks: int) -> int:
-    """``kv_blocks_total`` for the engine that matches vLLM's pool of ``num_gpu_blocks`` (null block included)."""
-    return num_gpu_blocks if ENGINE_MODELS_NULL_BLOCK else num_gpu_blocks - 1
+    """``kv_blocks_total`` for the engine that matches vLLM's pool of ``num_gpu_blocks``: the engine counts
+    vLLM's null block itself, so the two are the same number."""
+    return num_gpu_blocks
 
 
 @dataclass
@@ -324,7 +321,6 @@ def test_without_chunked_prefill_a_prompt_must_fit_the_budget_whole(mode):
     check(engine, steps, [Outcome(0, 0, 2), Outcome(1, 1, 2), Outcome(1, 1, 2)])
 
 
-@pytest.mark.xfail(strict=True, reason="null block: fixed on branch i10 (then set ENGINE_MODELS_NULL_BLOCK = True)")
 def test_block_zero_is_the_null_block():
     """R13. vLLM reserves block 0 as its null block: a pool of 4 blocks holds 3 x 16 = 48 tokens. A request
     of 49 tokens can never be served; one of 48 runs in 3 blocks."""
@@ -409,7 +405,7 @@ def test_prefill_chunks_beside_verifying_decoders(mode):
     "method, slots",
     [
         ("eagle", 3), ("eagle3", 3), ("mtp", 3), ("draft_model", 3), ("ngram", 0), ("suffix", 0),
-        pytest.param("medusa", 0, marks=pytest.mark.xfail(strict=True, reason="medusa lookahead: fixed on branch i10")),
+        ("medusa", 0),
     ],
 )
 def test_lookahead_slots_per_method(method, slots):
@@ -424,8 +420,6 @@ def test_lookahead_slots_per_method(method, slots):
     assert validate(SpeculativeConfig, data, "speculative_config").lookahead_slots == slots
 
 
-@pytest.mark.xfail(strict=True, reason="admission lookahead: servesim checks the whole prompt PLUS lookahead "
-                                       "slots, vLLM 0.32 the whole prompt only (found here; not yet fixed)")
 @pytest.mark.parametrize("mode", MODES)
 def test_whole_prompt_check_leaves_out_the_lookahead(mode):
     """R8 with speculation. EAGLE, k = 2; budget 24, pool of 4 (3 usable); A: 14-token prompt, 3 outputs;

@@ -40,6 +40,10 @@ class EngineConfig(_Strict):
         activation_reserve_bytes: per-GPU bytes kept for activations, sampler and CUDA graphs; default:
             derived from the model and the token budget (see :mod:`servesim.engine.kv_cache`).
         max_model_len: longest prompt + output a request may have (tokens); default: the model card's.
+        async_scheduling: vLLM's ``--async-scheduling`` (the next step is scheduled while this one runs; see
+            :meth:`servesim.engine.core.Engine._release_finishing`). Default: as vLLM 0.32 on GPUs, on,
+            except with n-gram, Medusa or suffix speculation (and llama.cpp's rules), which vLLM runs
+            synchronously.
     """
 
     max_num_seqs: int | None = Field(default=None, ge=1)
@@ -50,6 +54,7 @@ class EngineConfig(_Strict):
     num_gpu_blocks_override: int | None = Field(default=None, ge=1)
     activation_reserve_bytes: float | None = Field(default=None, ge=0.0)
     max_model_len: int | None = Field(default=None, ge=1)
+    async_scheduling: bool | None = None
 
 
 class RooflineConfig(_Strict):

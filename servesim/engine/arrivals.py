@@ -7,6 +7,7 @@ next arrival time and can cut a run of decode steps there. Times are integer pic
 
 from __future__ import annotations
 
+import bisect
 import heapq
 from dataclasses import dataclass, field
 
@@ -59,3 +60,9 @@ class ArrivalSource:
         if self.concurrency is not None and self._next_issue < self.num_requests:
             heapq.heappush(self._heap, (now + self.think_ps, self._next_issue))
             self._next_issue += 1
+
+    def count_until(self, now: int) -> int:
+        """How many requests not yet released have arrived by ``now`` (ps), without releasing them."""
+        if self.concurrency is None:
+            return bisect.bisect_right(self.times, now, lo=self._pos) - self._pos
+        return sum(1 for t, _ in self._heap if t <= now)

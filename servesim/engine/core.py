@@ -1,6 +1,9 @@
 """The engine of one model replica: vLLM V1 scheduling over a paged KV cache, advanced by SimPy.
 
-Scheduling follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``, see ``docs/reference/vllm-semantics.md``):
+Scheduling mirrors vLLM 0.32's v1 scheduler (``vllm/v1/core/sched/scheduler.py``, see ``docs/reference/vllm-semantics.md``; checked step by step
+against it on the golden traces of ``tests/data/golden/``, written by ``oracle/vllm_oracle.py``):
+
+* the KV pool has ``num_gpu_blocks - 1`` usable blocks (block 0 is vLLM's null block);
 
 * every step walks the RUNNING requests in admission order, giving each the tokens it still has to
   compute (``prompt + generated - num_computed``: 1 for a decoding request, a chunk of the prompt for a
@@ -10,10 +13,16 @@ Scheduling follows vLLM V1 (``vllm/v1/core/sched/scheduler.py``, see ``docs/refe
   tokens reset to 0, it goes to the FRONT of the waiting queue), and if that victim is the request being
   scheduled, scheduling of running requests stops for this step;
 * then, only if nobody was preempted in this step, WAITING requests are admitted in FCFS order while
-  budget is left and fewer than ``max_num_seqs`` run, each only if its whole prompt fits in the free blocks
-  (``scheduler_reserve_full_isl``); with chunked prefill a prompt takes whatever budget is left;
+  budget is left and fewer than ``max_num_seqs`` run, each only if its whole sequence fits in the free
+  blocks (``scheduler_reserve_full_isl``) and its first chunk plus the lookahead slots can be allocated;
+  with chunked prefill a prompt takes whatever budget is left;
 * a request whose computed tokens reach its known tokens samples one token at the end of the step;
-  a finished request frees its blocks at the end of the step.
+  a finished request frees its blocks at the end of the step, or, with async scheduling
+  (``async_scheduling``, vLLM's default on GPUs), after the next step has been scheduled.
+
+Speculative decoding adds vLLM's per-method rules (:mod:`servesim.engine.spec_engine`): the drafting
+slots a draft model takes out of the budget, the lookahead KV slots, MTP's prefill-chunk rule and, with
+async scheduling, the optimistic KV allocation for the previous step's drafts.
 
 Two modes produce the same result, bit for bit (all times are integer picoseconds):
 
@@ -47,12 +56,16 @@ class Engine:
         output_tokens: int array (N,), tokens each request generates (>= 1).
         arrivals: the :class:`ArrivalSource` releasing requests ``0..N-1``.
         step_time: the integer-picosecond step-time model.
-        kv_blocks_total: KV-cache capacity (blocks).
+        kv_blocks_total: KV-cache capacity (blocks), as vLLM's ``num_gpu_blocks``: block 0 is vLLM's null
+            block, so ``kv_blocks_total - 1`` blocks hold requests' KV.
         block_size: tokens per KV block.
         max_num_seqs: most requests running at once (vLLM ``max_num_seqs``).
         max_num_batched_tokens: token budget per step (vLLM ``max_num_batched_tokens``).
         enable_chunked_prefill: if False a prompt is admitted only when it fits the remaining budget whole.
         mode: ``"run"`` (fast, default) or ``"step"`` (one step at a time).
+        async_scheduling: vLLM's async scheduling (see :meth:`_release_finishing`): the next step is
+            scheduled before this step's output is processed, so a request that finishes in a step keeps
+            its blocks and its place in the running list while the next step is scheduled.
         max_time_s: stop the simulation at the first step boundary at or after this time (s); None = never.
 
     Raises:
@@ -75,11 +88,13 @@ class Engine:
         enable_chunked_prefill: bool = True,
         mode: str = "run",
         max_time_s: float | None = None,
+        async_scheduling: bool = False,
     ) -> None:
         if mode not in ("run", "step"):
             raise ValueError(f"unknown engine mode {mode!r} (expected 'run' or 'step')")
-        if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 or kv_blocks_total < 1:
-            raise ValueError("block_size, max_num_seqs, max_num_batched_tokens and KV blocks must be >= 1")
+        if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 or kv_blocks_total < 2:
+            raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1 and KV blocks >= 2 "
+                             "(vLLM keeps one null block)")
         self.P = [int(x) for x in np.asarray(prompt_tokens).tolist()]
         self.O = [int(x) for x in np.asarray(output_tokens).tolist()]
         n = len(self.P)
@@ -91,7 +106,16 @@ class Engine:
         self.max_seqs = int(max_num_seqs)
         self.chunked = bool(enable_chunked_prefill)
         self.mode = mode
-        self.total_blocks = int(kv_blocks_total)
+        self.total_blocks = int(kv_blocks_total) - 1  # usable blocks: vLLM's block pool keeps block 0 as its null block
+        # vLLM's per-request token costs in a step (0 without speculation; see SpecEngine): slots taken out of
+        # the token budget per scheduled request for drafting, and the prefill lookahead of multi-layer MTP
+        self.draft_slots = 0
+        self.prefill_lookahead = 0
+        self.tracer = None  # a servesim.engine.trace.StepTracer records every step when set
+        self.async_sched = bool(async_scheduling)
+        # async scheduling: requests that finished in the previous step -> whether vLLM knew they would
+        # (then it skips them; otherwise it schedules them once more and discards that output)
+        self.finishing: dict[int, bool] = {}
         self.max_time_ps = None if max_time_s is None else round(max_time_s * PS_PER_S)
         bs = self.bs
         if n:
@@ -193,25 +217,41 @@ class Engine:
         """
         waiting, P, gen, blk, bs = self.waiting, self.P, self.gen, self.blk, self.bs
         running, first_sched = self.running, self.first_sched
-        while waiting and budget > 0 and nrun < self.max_seqs:
+        ds = self.draft_slots
+        while waiting and budget > ds and nrun < self.max_seqs:
             r = waiting[0]
             total = P[r] + gen[r]
-            if -(-(total + lookahead) // bs) > free:
+            if -(-total // bs) > free:  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
                 break
-            n = total if total < budget else budget
+            n = total if total < budget - ds else budget - ds
             if n < total and not self.chunked:
                 break
-            need = -(-(n + lookahead) // bs)
+            if self.prefill_lookahead > 1:
+                n = self._reserve_prefill_lookahead(total, 0, n)
+                if not n:
+                    break
+            need = -(-(n + lookahead) // bs)  # the first chunk and the lookahead slots
+            if need > free:
+                break
             free -= need
             blk[r] = need
             waiting.popleft()
             running[r] = None
             nrun += 1
             sched.append((r, n))
-            budget -= n
+            budget -= n + ds
             if first_sched[r] < 0:
                 first_sched[r] = t0
         return budget, free
+
+    def _reserve_prefill_lookahead(self, total: int, computed: int, n: int) -> int:
+        """vLLM's multi-layer MTP rule (``Scheduler._reserve_prefill_lookahead``): a prefill chunk of ``n``
+        tokens never ends within ``prefill_lookahead`` tokens of the end of the request's ``total`` known
+        tokens; it is shortened to leave that many for the next chunk (0 = not schedulable this step)."""
+        remaining = total - computed - n
+        if 0 < remaining < self.prefill_lookahead:
+            n -= self.prefill_lookahead - remaining
+        return max(n, 0)
 
     def _flush_stale(self, t_emit: int) -> int:
         """Decoders whose last token came before the previous step's end (skipped by a short token budget)
@@ -246,13 +286,18 @@ class Engine:
 
     def _preempt(self, victim: int) -> int:
         """Preempt running request ``victim`` by recompute: free its blocks, reset its computed tokens, put
-        it at the FRONT of the waiting queue (vLLM V1). Returns the blocks it held."""
+        it at the FRONT of the waiting queue (vLLM V1). Returns the blocks it held. (A request that already
+        finished, under async scheduling, is not queued again: its output removes it from the queue before
+        the next step.)"""
         del self.running[victim]
         freed = self.blk[victim]
         self.blk[victim] = 0
         self.nc[victim] = 0
         self.npre[victim] += 1
-        self.waiting.appendleft(victim)
+        if victim not in self.finishing:
+            self.waiting.appendleft(victim)
+        if self.tracer is not None:
+            self.tracer.victims.append(victim)
         return freed
 
     def _stalled(self) -> None:
@@ -277,13 +322,33 @@ class Engine:
             return True
         return False
 
-    def _finish(self, r: int, t1: int) -> None:
-        self.free += self.blk[r]
-        self.blk[r] = 0
-        del self.running[r]
+    def _finish(self, r: int, t1: int, sure: bool = True) -> None:
+        """Request ``r`` emitted its last token at ``t1``; ``sure``: vLLM knew before the step that it would
+        (its output needed one more token). With async scheduling its blocks are freed after the next
+        step is scheduled (:meth:`_release_finishing`)."""
         self.fin[r] = t1
         self.finished += 1
         self.arrivals.on_finish(t1)
+        if self.async_sched:
+            self.finishing[r] = sure
+            return
+        self.free += self.blk[r]
+        self.blk[r] = 0
+        del self.running[r]
+
+    def _release_finishing(self) -> None:
+        """Async scheduling (vLLM's ``AsyncScheduler`` with two batches in flight): step ``n + 1`` is
+        scheduled before step ``n``'s output is processed, so requests that finished in step ``n`` still
+        run (they count against ``max_num_seqs``, hold their blocks and can be preemption victims) while
+        step ``n + 1`` is scheduled; processing step ``n``'s output then frees them. Called after each
+        step's scheduling."""
+        running, blk = self.running, self.blk
+        for r in self.finishing:
+            if r in running:
+                del running[r]
+                self.free += blk[r]
+                blk[r] = 0
+        self.finishing = {}
 
     # ------------------------------------------------------------------ the plain step (step mode)
     def _explicit_step(self) -> None:
@@ -298,8 +363,12 @@ class Engine:
         preempted = 0
         order = list(running)
         idx = 0
+        finishing = self.finishing
         while idx < len(order) and budget > 0:
             r = order[idx]
+            if r in finishing:  # async: finished in the previous step (plain decoding always knows it)
+                idx += 1
+                continue
             n = P[r] + gen[r] - nc[r]
             if n > budget:
                 n = budget
@@ -314,6 +383,9 @@ class Engine:
             budget, free = self._admit(t0, budget, free, len(running), sched)
         self.free = free
         if not sched:
+            if self.finishing:  # vLLM's empty async step: the previous output is processed, then it schedules again
+                self._release_finishing()
+                return
             self._stalled()
         # Step time.
         tokens = logits = kv = pairs = prefill = 0
@@ -329,6 +401,10 @@ class Engine:
         d = self.st.step_ps(tokens, logits, kv, pairs)
         t1 = t0 + d
         used = self.total_blocks - free
+        if self.tracer is not None:
+            self.tracer.record(t0, ((r, n, 0) for r, n in sched), used, nwait, 0)
+        if self.finishing:
+            self._release_finishing()
         itl = 0
         for r, n in sched:
             nc[r] += n
@@ -378,7 +454,7 @@ class Engine:
         """Write the aggregated decoders' state back to the per-request lists (at step ``self.G``)."""
         g, now, stale, last = self.G, self.now, self.stale, self.last_emit
         for r in self.running:
-            if r != self.partial:
+            if r != self.partial and self.fing[r] >= 0:
                 self._leave(r, g)
                 last[r] = stale.get(r, now)
         self.heap = []
@@ -389,6 +465,8 @@ class Engine:
         """Rebuild the aggregate from the per-request lists (after a plain step)."""
         P, gen, nc, now, last = self.P, self.gen, self.nc, self.now, self.last_emit
         for r in self.running:
+            if r in self.finishing:
+                continue
             if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:
                 self._join(r, self.G)
                 if last[r] != now:
@@ -445,17 +523,23 @@ class Engine:
         g = self.G
         bs = self.bs
         nb = self.cnt[(1 - g) % bs] if B else 0
-        if self.partial is None and B and nb <= self.free:
-            waiting = self.waiting
-            blocked = True
-            if waiting and budget > 0 and len(self.running) < self.max_seqs:
-                h = waiting[0]
-                total = self.P[h] + self.gen[h]
-                blocked = -(-total // bs) > self.free - nb or (not self.chunked and total > budget)
-            if blocked:
-                self._decode_run(g, B)
-                return
+        if self.finishing and (self.partial is not None or nb > self.free):
+            self._fallback()  # async: preemption victims or a prefill chunk next to finished requests
+            return
+        if self.partial is None and B and nb <= self.free and self._head_blocked(self.free - nb, budget):
+            self._decode_run(g, B)
+            return
         self._mixed_step(g, budget, nb)
+
+    def _head_blocked(self, free: int, budget: int) -> bool:
+        """Whether the head of the waiting queue cannot be admitted with ``free`` blocks left after the
+        decoders' allocations and ``budget`` tokens left (or nothing waits, or ``max_num_seqs`` run)."""
+        waiting = self.waiting
+        if not waiting or budget <= 0 or len(self.running) >= self.max_seqs:
+            return True
+        h = waiting[0]
+        total = self.P[h] + self.gen[h]
+        return -(-total // self.bs) > free or (not self.chunked and total > budget)
 
     def _decode_run(self, g: int, B: int) -> None:
         """A run of decode-only steps up to the next event, in O(1)."""
@@ -464,8 +548,18 @@ class Engine:
         d0 = self.st.base_ps(B, B) + K * (self.A + B * g)
         inc = K * B
         n = self._next_finish() - g + 1  # up to the step where the first decoder finishes
+        released = 0
         if self.stale:
             n = 1
+        elif self.finishing:
+            # async: the requests that finished in the previous step leave once this run's first step is
+            # scheduled; the run goes on only if the waiting queue's head stays blocked without them
+            free_before = self.free
+            self._release_finishing()
+            released = self.free - free_before
+            nb0 = self._decode_blocks(g, 1)
+            if n > 1 and not self._head_blocked(self.free - nb0 - self._decode_blocks(g + 1, 1), self.M - B):
+                n = 1
         if n > 1:
             limits = []
             if not self.waiting:
@@ -481,15 +575,41 @@ class Engine:
                 n = min(n, self._max_decode_steps(g, self.free))
         nb = self._decode_blocks(g, n)
         dur = n * d0 + inc * (n * (n - 1) // 2)
+        if self.tracer is not None:
+            self._trace_run(g, n, [t0 + j * d0 + inc * (j * (j - 1) // 2) for j in range(n)],
+                            [self._decode_blocks(g, j + 1) + (released if j == 0 else 0) for j in range(n)], 0)
         t1 = t0 + dur
         self.free -= nb
         used = self.total_blocks - self.free
         itl = B - self._flush_stale(t0 + d0)
         self.now = t1
         self.G = g + n
-        self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
+        nwait = len(self.waiting)
+        if released:  # the first step still held the finished requests' blocks: a row of its own
+            first_used = self.total_blocks - self.free - nb + self._decode_blocks(g, 1) + released
+            self.rows.append((t0, 1, d0, 0, d0, B, B, 0, itl, first_used, nwait, 0, 0))
+            if n > 1:
+                self.rows.append((t0 + d0, n - 1, d0 + inc, inc, dur - d0, B, B, 0, B, used, nwait, 0, 0))
+        else:
+            self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, nwait, 0, 0))
         if self.heap[0][0] == g + n - 1:
             self._finish_decoders(g + n - 1, t1)
+
+    def _trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
+        """Record the ``n`` steps of a run from step ``g`` (``starts``: their start times in ps;
+        ``new_blocks``: blocks allocated from the run's start up to each step, inclusive)."""
+        order = [(r,) + self._trace_tokens(r, g) for r in self.running if self.fing[r] >= 0]
+        waiting = len(self.waiting)
+        for j in range(n):
+            row = [(r, tokens[j] if isinstance(tokens, list) else tokens, drafts[j] if isinstance(drafts, list) else drafts)
+                   for r, tokens, drafts in order]
+            self.tracer.record(starts[j], row, self.total_blocks - self.free + new_blocks[j],
+                               waiting + self.arrivals.count_until(starts[j]), k)
+            order = [e for e in order if self.fing[e[0]] != g + j]
+
+    def _trace_tokens(self, r: int, g: int):
+        """(tokens, drafts) aggregated decoder ``r`` schedules from step ``g``: plain decoding, 1 and 0."""
+        return 1, 0
 
     @staticmethod
     def _steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
@@ -588,6 +708,9 @@ class Engine:
             budget, free = self._admit(t0, budget, free, len(self.running), sched)
         self.free = free
         if not sched and not B:
+            if self.finishing:
+                self._release_finishing()
+                return
             self._stalled()
         ctx = self.A + B * g
         tokens, logits, kv, pairs, prefill = B, B, ctx, ctx, 0
@@ -602,19 +725,42 @@ class Engine:
         d = self.st.step_ps(tokens, logits, kv, pairs)
         t1 = t0 + d
         used = self.total_blocks - free
+        if self.tracer is not None:
+            self._trace_mixed(t0, g, sched, used, nwait, 0)
+        if self.finishing:
+            self._release_finishing()
         itl = B - self._flush_stale(t1)
         self.now = t1
         self.G = g + 1
         self._finish_decoders(g, t1)
-        self.partial = None
+        # a partial prefill that got no budget this step (the decoders took it all) stays the partial
+        self.partial = p if p is not None and not p_scheduled and p in self.running else None
         for r, n in sched:
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
+                if gen[r] >= 1 and self.last_emit[r] == t0:
+                    itl += 1  # a recompute admitted right after its preemption (async's repeated schedule)
                 if not self._emit(r, t0, t1):
                     self._join(r, g + 1)
             else:
                 self.partial = r
         self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, 0))
+
+    def _trace_mixed(self, t0: int, g: int, sched: list, used: int, nwait: int, k: int, extra=None) -> None:
+        """Record a run-mode step: aggregated decoders, ``sched`` (prefills, admissions) and ``extra``
+        (request -> (tokens, drafts, ...): finished requests scheduled once more) in running order."""
+        chunks = {r: n for r, n in sched}
+        row = []
+        for r in self.running:
+            if r in chunks:
+                row.append((r, chunks[r], 0))
+            elif extra and r in extra:
+                row.append((r, extra[r][0], extra[r][1]))
+            elif self.fing[r] >= 0:
+                tokens, drafts = self._trace_tokens(r, g)
+                row.append((r, tokens[0] if isinstance(tokens, list) else tokens,
+                            drafts[0] if isinstance(drafts, list) else drafts))
+        self.tracer.record(t0, row, used, nwait, k)
 
     # ------------------------------------------------------------------ results
     def _exact_durations(self):

@@ -98,7 +98,8 @@ class EngineOutput:
         steps: per-step (or per-run) log.
         extra_itl_s: float64 array of inter-token gaps that are not a single step's duration (a gap
             that spans a preemption and its recompute); together with ``steps`` these are all ITLs.
-        kv_blocks_total: KV-cache capacity in blocks.
+        kv_blocks_total: KV-cache blocks that can hold requests' KV (vLLM's ``num_gpu_blocks`` minus its
+            null block).
         block_size: tokens per KV block.
         end_s: simulated time when the last request finished or the run was cut off (s).
         spec_counters: vLLM's speculative-decoding counters (``num_drafts``, ``num_draft_tokens``,

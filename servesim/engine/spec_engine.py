@@ -1,4 +1,5 @@
-"""Speculative decoding in the engine (vLLM V1 semantics, see ``docs/reference/vllm-semantics.md``).
+"""Speculative decoding in the engine (vLLM 0.32's v1 scheduler, checked against it on golden traces;
+see ``docs/reference/vllm-semantics.md``).
 
 In every step, each decoding request schedules ``1 + k`` tokens: its last sampled token and the ``k``
 drafts the drafter proposed in the previous step (a draft tree schedules all its nodes: the verify width
@@ -8,7 +9,12 @@ prefix of ``a`` drafts and samples one more token, so it emits ``1 + a`` tokens 
 advance by ``1 + a`` (rejected drafts roll back ``num_computed_tokens`` but keep their KV blocks). KV slots
 are allocated for ``num_computed + scheduled + lookahead`` tokens, with ``lookahead = K`` (the static
 ``num_speculative_tokens``) for the EAGLE family, MTP and draft models, also when a batch-size schedule
-sets ``k = 0`` (vLLM issue 49548), and 0 for n-gram. The drafter then runs in the same step (cost model in
+sets ``k = 0`` (vLLM issue 49548), and 0 for n-gram and Medusa. A draft model takes one more slot of the
+token budget per scheduled request (``max_num_new_slots_for_drafting``); with several MTP layers a
+prefill chunk never ends within K tokens of the prompt's end (``num_prefill_lookahead_tokens``). With
+async scheduling the next step is scheduled before this step's drafts are verified, so its KV allocation
+counts them all as accepted (``num_computed + rejected + scheduled + lookahead``), and a request that
+finished without vLLM knowing it would is scheduled once more (its output is discarded). The drafter then runs in the same step (cost model in
 :mod:`servesim.speculation.costs`). ``k`` for the next step's drafts is chosen from this step's batch size
 (``num_speculative_tokens_per_batch_size``); V0's ``disable_by_batch_size`` turns speculation off when
 running requests >= the threshold: that step drafts nothing, so the next step verifies no drafts.
@@ -61,6 +67,10 @@ class SpecSetup:
             K), or None for a chain.
         draft_budget_limit: llama.cpp's rule, a round drafts at most the request's remaining output
             tokens minus one.
+        draft_slots: token-budget slots each scheduled request takes for drafting (vLLM's
+            ``max_num_new_slots_for_drafting``: 1 for draft models, 0 otherwise).
+        prefill_lookahead: vLLM's ``num_prefill_lookahead_tokens``; above 1 (MTP with several layers) a
+            prefill chunk never ends within that many tokens of the prompt's end.
     """
 
     schedule: KSchedule
@@ -74,6 +84,8 @@ class SpecSetup:
     accept_table: np.ndarray | None = None
     tree_nodes: int | None = None
     draft_budget_limit: bool = False
+    draft_slots: int = 0
+    prefill_lookahead: int = 0
 
 
 SHORT_RUN = 24
@@ -95,6 +107,14 @@ class SpecEngine(Engine):
         if spec.tree_nodes is not None:
             self.width[self.K] = spec.tree_nodes
         self.L = int(spec.lookahead)
+        self.draft_slots = int(spec.draft_slots)
+        self.prefill_lookahead = int(spec.prefill_lookahead)
+        self.multi_partial = False  # run mode: several requests mid-prefill (MTP's chunk rule); plain steps then
+        # async scheduling: drafts rejected in the step each request last verified in (``rej_step``); while
+        # the next step is scheduled vLLM still counts them as computed, so that step's KV allocation is
+        # for ``num_computed + rejected + scheduled + lookahead`` tokens
+        self.rej = [0] * n
+        self.rej_step = [-2] * n
         self.k_next = self.K if spec.schedule.entries is None else spec.schedule.k_for(1)
         self.off = np.concatenate(([0], np.cumsum(np.asarray(self.O, dtype=np.int64))[:-1])).tolist() if n else []
         self.rounds = [0] * n
@@ -187,6 +207,7 @@ class SpecEngine(Engine):
         P, O, gen, nc, bs, L = self.P, self.O, self.gen, self.nc, self.bs, self.L
         drafted = self.drafted
         running, waiting = self.running, self.waiting
+        ds = self.draft_slots
         t0 = self.now
         nwait = len(waiting)
         k_step = self.k_next  # drafts proposed in the previous step
@@ -196,28 +217,43 @@ class SpecEngine(Engine):
         preempted = 0
         order = list(running)
         idx = 0
-        while idx < len(order) and budget > 0:
+        finishing, zombies, G = self.finishing, [], self.G
+        while idx < len(order) and budget > ds:
             r = order[idx]
             d = a_full = 0
-            if drafted[r] and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
+            if r in finishing:  # async: it finished in the previous step
+                if finishing[r]:  # vLLM knew it would: skipped
+                    idx += 1
+                    continue
+                d = self.width[k_step] if k_step else 0  # scheduled once more; the output is discarded
+                n = min(1 + d, budget - ds)
+                d = n - 1
+                zombies.append(r)
+            elif drafted[r] and nc[r] == P[r] + gen[r] - 1:  # decoding: verify 1 + k tokens
                 a_full = self._a(r)
                 d = 0 if (k_step == 0 or a_full < 0) else self.width[k_step]
                 if self.budget_limit and d > O[r] - gen[r] - 1:
                     d = O[r] - gen[r] - 1  # llama.cpp: a draft never exceeds the remaining budget minus one
                 n = 1 + d
-                if n > budget:
-                    n = budget
+                if n > budget - ds:
+                    n = budget - ds
                     d = n - 1
             else:
                 n = P[r] + gen[r] - nc[r]
-                if n > budget:
-                    n = budget
-            free, count, stop = self._make_room(order, r, -(-(nc[r] + n + L) // bs), free)
+                if n > budget - ds:
+                    n = budget - ds
+                if self.prefill_lookahead > 1:
+                    n = self._reserve_prefill_lookahead(P[r] + gen[r], nc[r], n)
+                    if not n:  # vLLM skips it (``continue``) and schedules the requests after it
+                        idx += 1
+                        continue
+            inflight = self.rej[r] if self.async_sched and self.rej_step[r] == G - 1 else 0
+            free, count, stop = self._make_room(order, r, -(-(nc[r] + inflight + n + L) // bs), free)
             preempted += count
             if stop:
                 break
             sched.append((r, n, d, a_full))
-            budget -= n
+            budget -= n + ds
             idx += 1
         if not preempted:
             adm: list[tuple[int, int]] = []
@@ -225,6 +261,9 @@ class SpecEngine(Engine):
             sched.extend((r, n, 0, 0) for r, n in adm)
         self.free = free
         if not sched:
+            if self.finishing:  # vLLM's empty async step: the previous output is processed, then it schedules again
+                self._release_finishing()
+                return
             self._stalled()
         tokens = logits = kv = pairs = prefill = nsamp = 0
         for r, n, d, _ in sched:
@@ -232,7 +271,7 @@ class SpecEngine(Engine):
             tokens += n
             kv += c + n
             pairs += n * c + n * (n + 1) // 2
-            is_decode = drafted[r] and c == P[r] + gen[r] - 1
+            is_decode = drafted[r] and c == P[r] + gen[r] - 1 or r in finishing
             if is_decode:
                 logits += n
                 nsamp += 1
@@ -245,13 +284,20 @@ class SpecEngine(Engine):
         d_step = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
         t1 = t0 + d_step
         used = self.total_blocks - free
+        if self.tracer is not None:
+            self.tracer.record(t0, ((r, n, d) for r, n, d, _ in sched), used, nwait, k_new)
+        if finishing:
+            self._release_finishing()
         itl = 0
         for r, n, d, a_full in sched:
             c = nc[r]
+            if zombies and r in zombies:
+                continue
             if drafted[r] and c == P[r] + gen[r] - 1:
                 acc = min(d, k_step, a_full) if a_full > 0 else 0
                 self._count(d, acc)
                 self.rounds[r] += 1
+                self.rej[r], self.rej_step[r] = d - acc, G
                 e = min(1 + acc, O[r] - gen[r])
                 if self.last_emit[r] == t0:
                     itl += 1
@@ -261,7 +307,7 @@ class SpecEngine(Engine):
                 nc[r] = c + 1 + acc
                 self.last_emit[r] = t1
                 if gen[r] >= O[r]:
-                    self._finish(r, t1)
+                    self._finish(r, t1, sure=gen[r] - e + 1 >= O[r])
             else:
                 nc[r] = c + n
                 if nc[r] == P[r] + gen[r]:
@@ -327,8 +373,15 @@ class SpecEngine(Engine):
             ncb = (nc0 - e[:J]) + cum[:J]
             q = (d[:J] + 1) if self.var_q else self.width[k] + 1
         bs = self.bs
-        need = (ncb + (q + self.L + bs - 1)) // bs
-        if self.var_q:
+        if self.async_sched:  # the previous round's rejected drafts still count while this round is scheduled
+            rej = np.zeros(J, dtype=np.int64)
+            rej[0] = self.rej[r] if self.rej_step[r] == g - 1 else 0
+            if acc is not None and J > 1:
+                rej[1:] = (q[:J - 1] if self.var_q else q) - 1 - acc[:J - 1]
+            need = (ncb + rej + (q + self.L + bs - 1)) // bs
+        else:
+            need = (ncb + (q + self.L + bs - 1)) // bs
+        if self.var_q or self.async_sched:
             held = np.maximum.accumulate(np.maximum(need, blk0))
         else:
             held = np.maximum(need, blk0)  # non-decreasing: ncb grows every round, q is fixed
@@ -412,6 +465,8 @@ class SpecEngine(Engine):
                 self.QQ[g:end] -= qs * (qs + 1) // 2
         if m and acc is not None:
             self.segments.append((acc[:m], q[:m] if self.var_q else None, k))
+            self.rej[r] = int(q[m - 1] if self.var_q else q) - 1 - int(acc[m - 1])
+            self.rej_step[r] = g - 1
         if m:
             if m < J:
                 nc = int(ncb[m])
@@ -430,6 +485,15 @@ class SpecEngine(Engine):
         self.B -= 1
         self.fing[r] = -1
         return blocks
+
+    def _trace_tokens(self, r: int, g: int):  # type: ignore[override]
+        """(tokens, drafts) per step from step g of aggregated decoder r (lists, or ints when fixed)."""
+        timeline = self.tl[r]
+        q = timeline[9]
+        if isinstance(q, np.ndarray):
+            q = q[g - timeline[0]:].tolist()
+            return q, [x - 1 for x in q]
+        return q, q - 1
 
     def _need_at(self, r: int, g: int) -> int:
         """New KV blocks decoder r allocates at step g."""
@@ -469,13 +533,18 @@ class SpecEngine(Engine):
     def _aggregate(self) -> None:  # type: ignore[override]
         P, gen, nc, now, last = self.P, self.gen, self.nc, self.now, self.last_emit
         self.k_agg = self.k_next
+        prefilling = 0
         for r in self.running:
+            if r in self.finishing:
+                continue
             if self.drafted[r] and nc[r] == P[r] + gen[r] - 1:
                 self._join(r, self.G)
                 if last[r] != now:
                     self.stale[r] = last[r]
             else:
                 self.partial = r
+                prefilling += 1
+        self.multi_partial = prefilling > 1
 
     def _finish_decoders(self, g_last: int, t1: int) -> None:  # type: ignore[override]
         heap, fing = self.heap, self.fing
@@ -483,10 +552,12 @@ class SpecEngine(Engine):
             _, r = heapq.heappop(heap)
             if fing[r] != g_last:
                 continue
+            timeline = self.tl[r]
+            before = timeline[5] + int(timeline[2][timeline[1] - 1]) - int(timeline[2][0])  # generated before its last round
             self._leave(r, g_last + 1)
             self.gen[r] = self.O[r]
             self.last_emit[r] = t1
-            self._finish(r, t1)
+            self._finish(r, t1, sure=before + 1 >= self.O[r])
 
     def _base_vec(self, tok: np.ndarray) -> np.ndarray:
         tab = self.base_tab
@@ -503,24 +574,36 @@ class SpecEngine(Engine):
         return vals
 
     def _fast_step(self) -> None:  # type: ignore[override]
+        if self.multi_partial:
+            self._fallback()
+            return
         g = self.G
         if self.k_next != self.k_agg and self.tl:
             self._retime(g, self.k_next)
         self.k_agg = self.k_next
         B = self.B
+        ds = self.draft_slots
         t_dec = (int(self.TOK[g]) if self.var_q else B * (self.width[self.k_agg] + 1)) if B else 0
-        budget = self.M - t_dec
+        budget = self.M - t_dec - B * ds
         if budget < 0:
             self._fallback()
             return
         nb = int(self.NB[g]) if B else 0
+        if self.finishing:
+            zombies = None if self.partial is not None or nb > self.free else self._zombies(budget, nb)
+            if zombies is None:
+                self._fallback()  # async: preemption victims, a prefill chunk or a short budget next to finished requests
+                return
+            if zombies:
+                self._spec_mixed_step(g, zombies)
+                return
         if self.partial is None and B and nb <= self.free:
             waiting = self.waiting
             blocked = True
-            if waiting and budget > 0 and len(self.running) < self.max_seqs:
+            if waiting and budget > ds and len(self.running) < self.max_seqs:
                 h = waiting[0]
                 total = self.P[h] + self.gen[h]
-                blocked = -(-total // self.bs) > self.free - nb or (not self.chunked and total > budget)
+                blocked = -(-total // self.bs) > self.free - nb or (not self.chunked and total > budget - ds)
             if blocked:
                 self._spec_run(g, B)
                 return
@@ -532,7 +615,7 @@ class SpecEngine(Engine):
         k_step = self.k_agg
         k_new = self._k_new(B)
         n = self._next_finish() - g + 1
-        if self.stale or k_new != k_step:
+        if self.stale or k_new != k_step or self.finishing:
             n = 1
         if n > 4096:
             n = 4096
@@ -583,6 +666,8 @@ class SpecEngine(Engine):
             n = int(np.searchsorted(cnb, self.free, side="right"))
         t1 = int(ends[n - 1])
         dur = t1 - t0
+        if self.tracer is not None:
+            self._trace_run(g, n, [t0] + ends[:n - 1].tolist(), cnb[:n].tolist(), k_new)
         self.free -= int(cnb[n - 1])
         used = self.total_blocks - self.free
         d0 = int(d[0])
@@ -593,6 +678,8 @@ class SpecEngine(Engine):
         self.now = t1
         self.G = g + n
         self.k_next = k_new
+        if self.finishing:
+            self._release_finishing()
         self._finish_decoders(g + n - 1, t1)
 
     def _short_run(self, g: int, B: int, n: int, t_lim, k_step: int, k_new: int, kd: int) -> None:
@@ -619,6 +706,9 @@ class SpecEngine(Engine):
             m += 1
             if t_lim is not None and t >= t_lim:
                 break
+        if self.tracer is not None:
+            starts = [t0 + sum(durations[:j]) for j in range(m)]
+            self._trace_run(g, m, starts, [sum(nb[:j + 1]) for j in range(m)], k_new)
         self.free = free
         used = self.total_blocks - free
         d0 = durations[0]
@@ -629,19 +719,47 @@ class SpecEngine(Engine):
         self.now = t
         self.G = g + m
         self.k_next = k_new
+        if self.finishing:
+            self._release_finishing()
         self._finish_decoders(g + m - 1, t)
 
-    def _spec_mixed_step(self, g: int) -> None:
+    def _zombies(self, budget: int, nb: int) -> dict | None:
+        """Async scheduling, run mode: the requests that finished in the previous step without vLLM knowing
+        they would, which it schedules once more (``1 + k`` tokens, output discarded): request -> (tokens,
+        drafts, new KV blocks). None when they do not all fit whole in the budget and the free blocks
+        (then the step needs vLLM's per-request order: a plain step)."""
+        out = {}
+        k_step, ds, bs, G = self.k_agg, self.draft_slots, self.bs, self.G
+        free = self.free - nb
+        for r, sure in self.finishing.items():
+            if sure or r not in self.running:
+                continue
+            d = self.width[k_step] if k_step else 0
+            inflight = self.rej[r] if self.rej_step[r] == G - 1 else 0
+            need = max(-(-(self.nc[r] + inflight + 1 + d + self.L) // bs) - self.blk[r], 0)
+            budget -= 1 + d + ds
+            free -= need
+            if budget < 0 or free < 0:
+                return None
+            out[r] = (1 + d, d, need)
+        return out
+
+    def _spec_mixed_step(self, g: int, zombies: dict | None = None) -> None:
         P, gen, nc, blk, bs, L = self.P, self.gen, self.nc, self.blk, self.bs, self.L
         t0 = self.now
         nwait = len(self.waiting)
         k_step = self.k_agg
         p = self.partial
-        budget = self.M - self._dec_sums(g)[0]
+        ds = self.draft_slots
+        z_tokens = sum(q + ds for q, _, _ in zombies.values()) if zombies else 0
+        budget = self.M - self._dec_sums(g)[0] - self.B * ds - z_tokens
         n_p = need_p = 0
-        p_scheduled = p is not None and budget > 0
+        p_scheduled = p is not None and budget > ds
         if p_scheduled:
-            n_p = min(P[p] + gen[p] - nc[p], budget)
+            n_p = min(P[p] + gen[p] - nc[p], budget - ds)
+            if self.prefill_lookahead > 1:
+                n_p = self._reserve_prefill_lookahead(P[p] + gen[p], nc[p], n_p)
+                p_scheduled = n_p > 0
             need_p = max(-(-(nc[p] + n_p + L) // bs) - blk[p], 0)
         nb = int(self.NB[g]) if self.B else 0
         preempted = 0
@@ -656,13 +774,24 @@ class SpecEngine(Engine):
             free -= need_p
             blk[p] += need_p
             sched.append((p, n_p))
-        budget = self.M - t_dec - (n_p if p_scheduled else 0)
+        budget = self.M - t_dec - B * ds - z_tokens - (n_p + ds if p_scheduled else 0)
+        if zombies:
+            for z, (q, _, need) in zombies.items():
+                free -= need
+                blk[z] += need
+                c = nc[z]
+                t_dec += q
+                ctx += c + q
+                pairs += q * c + q * (q + 1) // 2
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched, L)
         self.free = free
-        if not sched and not B:
+        if not sched and not B and not zombies:
+            if self.finishing:
+                self._release_finishing()
+                return
             self._stalled()
-        tokens, logits, kv, prefill, nsamp = t_dec, t_dec, ctx, 0, B
+        tokens, logits, kv, prefill, nsamp = t_dec, t_dec, ctx, 0, B + (len(zombies) if zombies else 0)
         for r, n in sched:
             c = nc[r]
             tokens += n
@@ -672,10 +801,15 @@ class SpecEngine(Engine):
             if c + n == P[r] + gen[r]:
                 logits += 1
                 nsamp += 1
-        k_new = self._k_new(B + len(sched))
+        batch = B + len(sched) + (len(zombies) if zombies else 0)
+        k_new = self._k_new(batch)
         d = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
         t1 = t0 + d
         used = self.total_blocks - free
+        if self.tracer is not None:
+            self._trace_mixed(t0, g, sched, used, nwait, k_new, zombies)
+        if self.finishing:
+            self._release_finishing()
         itl = B - self._flush_stale(t1)
         self.now = t1
         self.G = g + 1
@@ -683,7 +817,8 @@ class SpecEngine(Engine):
         if k_new != self.k_agg and self.tl:
             self._retime(g + 1, k_new)
         self.k_agg = self.k_next = k_new
-        self.partial = None
+        # requests still mid-prefill after this step: the partial if it got no chunk, and unfinished chunks
+        mids = [p] if p is not None and not p_scheduled and p in self.running else []
         for r, n in sched:
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
@@ -692,8 +827,10 @@ class SpecEngine(Engine):
                     self._start_decode(r)
                     self._join(r, g + 1)
             else:
-                self.partial = r
-        self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, k_step))
+                mids.append(r)
+        self.partial = mids[-1] if mids else None
+        self.multi_partial = len(mids) > 1
+        self.rows.append((t0, 1, d, 0, d, batch, tokens, prefill, itl, used, nwait, preempted, k_step))
         self.dur_chunks.append(d)
 
     def output(self):

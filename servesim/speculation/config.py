@@ -74,8 +74,9 @@ DEFAULT_PROFILES = {
     "mtp": "mtp-deepseek-v3-k1-high",
 }
 
-LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model", "medusa")
-"""Methods for which vLLM reserves ``num_speculative_tokens`` lookahead KV slots per request (not n-gram)."""
+LOOKAHEAD_METHODS = ("eagle", "eagle3", "mtp", "draft_model")
+"""Methods for which vLLM 0.32 reserves ``num_speculative_tokens`` lookahead KV slots per request
+(``VllmConfig.num_lookahead_tokens``: the EAGLE family, MTP and draft models; not n-gram, not Medusa)."""
 
 SUFFIX_DECODING_MAX_TREE_DEPTH = 24
 """vLLM's default ``suffix_decoding_max_tree_depth``: ``num_speculative_tokens`` of ``suffix`` when not given."""
@@ -286,6 +287,28 @@ class SpeculativeConfig(BaseModel):
     def lookahead_slots(self) -> int:
         """KV slots reserved per running request beyond its scheduled tokens (vLLM's num_lookahead_tokens)."""
         return int(self.num_speculative_tokens) if self.method in LOOKAHEAD_METHODS else 0
+
+    @property
+    def max_num_new_slots_for_drafting(self) -> int:
+        """Token-budget slots each scheduled request takes beyond its scheduled tokens (vLLM 0.32's
+        ``SpeculativeConfig.max_num_new_slots_for_drafting``): 1 for ``draft_model`` (the draft model's
+        autoregressive input keeps one unsliced token), 0 for every other method servesim supports."""
+        return 1 if self.method == "draft_model" else 0
+
+    def num_prefill_lookahead_tokens(self, num_mtp_layers: int) -> int:
+        """vLLM 0.32's ``VllmConfig.num_prefill_lookahead_tokens``: prompt tokens past a prefill chunk that
+        the drafter reads. ``num_speculative_tokens`` for MTP with several layers (``min(num_mtp_layers,
+        num_speculative_tokens) > 1``: a chunk then never ends within that many tokens of the prompt's
+        end), 1 for the other EAGLE-family methods (no effect on chunks), 0 otherwise.
+
+        Args:
+            num_mtp_layers: the target's ``num_nextn_predict_layers`` (0 or 1 = one MTP layer).
+        """
+        if self.method not in ("eagle", "eagle3", "mtp"):
+            return 0
+        if self.method == "mtp" and min(max(num_mtp_layers, 1), self.num_speculative_tokens) > 1:
+            return int(self.num_speculative_tokens)
+        return 1
 
     @property
     def drafts_may_be_empty(self) -> bool:

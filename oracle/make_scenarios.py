@@ -1,0 +1,195 @@
+"""Write the golden scenarios (``oracle/scenarios/*.json``), deterministically from fixed seeds.
+
+Run with any Python >= 3.11 with numpy (the oracle's venv or servesim's)::
+
+    oracle/.venv/bin/python oracle/make_scenarios.py
+
+Each scenario is small (4-24 requests, tens to a few hundred steps) and aims at one scheduling rule; the
+list at the bottom says which. ``accept`` gives, per request, the drafts accepted in each verification
+round when enough were drafted (``A_j`` in 0..K, drawn with a per-position acceptance of about 0.7;
+``-1`` = an n-gram round without a match, about 30% of n-gram rounds). One entry per output token is
+always enough: every round emits at least one token.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+OUT = Path(__file__).resolve().parent / "scenarios"
+
+
+def requests(seed: int, n: int, prompt: tuple[int, int], output: tuple[int, int], arrivals: str | list = "spread",
+             k: int = 0, empty_share: float = 0.0, alpha: float = 0.7) -> list[dict]:
+    """``n`` requests with uniform prompt/output lengths in the given inclusive ranges."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    prompts = rng.integers(prompt[0], prompt[1] + 1, n)
+    outputs = rng.integers(output[0], output[1] + 1, n)
+    if arrivals == "spread":
+        steps = np.sort(rng.integers(0, 4 * n, n))
+        steps[0] = 0
+    elif arrivals == "burst":
+        steps = np.zeros(n, dtype=int)
+        steps[n // 2:] = 40
+    elif arrivals == "zero":
+        steps = np.zeros(n, dtype=int)
+    else:
+        steps = np.asarray(arrivals)
+    out = []
+    for i in range(n):
+        row = {"arrival_step": int(steps[i]), "prompt_tokens": int(prompts[i]), "output_tokens": int(outputs[i])}
+        if k:
+            u = rng.random((int(outputs[i]), k))
+            acc = np.cumprod(u < alpha, axis=1).sum(axis=1)
+            if empty_share:
+                acc[rng.random(int(outputs[i])) < empty_share] = -1
+            row["accept"] = [int(a) for a in acc]
+        out.append(row)
+    return out
+
+
+def engine(seqs=8, tokens=256, blocks=64, block_size=16, chunked=True, async_scheduling=False, max_model_len=8192):
+    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "num_gpu_blocks": blocks, "block_size": block_size,
+            "enable_chunked_prefill": chunked, "async_scheduling": async_scheduling, "max_model_len": max_model_len}
+
+
+def spec(method, k, table=None, layers=None):
+    out = {"method": method, "num_speculative_tokens": k}
+    if table is not None:
+        out["num_speculative_tokens_per_batch_size"] = table
+    if layers is not None:
+        out["num_nextn_predict_layers"] = layers
+    return out
+
+
+def scenarios() -> list[dict]:
+    S = []
+
+    def add(name, what, eng, reqs, sp=None):
+        reqs = sorted(reqs, key=lambda r: r["arrival_step"])  # request ids are in arrival order
+        S.append({"name": name, "description": what, "engine": eng, "speculative_config": sp, "requests": reqs})
+
+    # --- plain decoding
+    add("plain_decode", "plain decoding, ample KV cache, spread arrivals",
+        engine(), requests(1, 8, (20, 90), (5, 40)))
+    add("plain_tight_kv", "tight KV pool: many preemptions by recompute, victims at the front of the queue",
+        engine(blocks=20), requests(2, 12, (20, 70), (30, 90)))
+    add("plain_tight_kv_bs32", "tight KV pool with 32-token blocks",
+        engine(blocks=12, block_size=32), requests(3, 10, (20, 90), (30, 100)))
+    add("plain_max_num_seqs", "the max_num_seqs cap (3) with 10 waiting requests",
+        engine(seqs=3), requests(4, 10, (10, 60), (10, 40), arrivals="zero"))
+    add("plain_small_budget", "token budget 8 = max_num_seqs: prompts chunked to what decodes leave",
+        engine(seqs=8, tokens=8), requests(5, 8, (10, 40), (5, 20)))
+    add("plain_burst", "two bursts of 8 requests (steps 0 and 40)",
+        engine(blocks=40), requests(6, 16, (10, 60), (10, 50), arrivals="burst"))
+    add("plain_bs32", "32-token blocks, ample KV cache",
+        engine(block_size=32), requests(7, 8, (20, 120), (10, 40)))
+    add("plain_no_chunked_prefill", "chunked prefill off: a prompt is admitted only whole within the budget",
+        engine(tokens=160, chunked=False, max_model_len=160, blocks=40), requests(8, 10, (20, 100), (5, 50)))
+    add("plain_long_prompts", "prompts longer than the token budget (64), chunked over several steps",
+        engine(tokens=64), requests(9, 6, (100, 300), (5, 20)))
+    add("plain_one_token_outputs", "1-token outputs (finish at their prefill step) mixed with longer ones",
+        engine(), requests(10, 10, (10, 60), (1, 1)) + requests(11, 3, (10, 30), (5, 10), arrivals=[3, 5, 7]))
+    add("plain_long_prompts_tight_kv", "long chunked prompts in a tight pool: preemption of the partial prefill",
+        engine(tokens=64, blocks=30), requests(12, 8, (60, 200), (20, 60)))
+    add("plain_admission_whole_prompt", "admission needs the whole prompt's blocks free, not just its first chunk",
+        engine(tokens=32, blocks=26), requests(13, 6, (150, 250), (10, 30), arrivals="zero"))
+    # --- speculative decoding, each method
+    add("ngram_empty_drafts", "n-gram k=3 with empty drafts (no match) in about 30% of rounds",
+        engine(), requests(20, 8, (20, 80), (10, 50), k=3, empty_share=0.3), spec("ngram", 3))
+    add("ngram_tight_kv", "n-gram k=4 in a tight pool (no lookahead slots)",
+        engine(blocks=20), requests(21, 10, (20, 60), (30, 80), k=4, empty_share=0.3), spec("ngram", 4))
+    add("eagle_k3", "EAGLE k=3, lookahead slots = k",
+        engine(), requests(22, 8, (20, 80), (10, 60), k=3), spec("eagle", 3))
+    add("eagle_tight_kv", "EAGLE k=3 in a tight pool: preemptions with lookahead slots",
+        engine(blocks=24), requests(23, 10, (20, 60), (30, 80), k=3), spec("eagle", 3))
+    add("eagle_small_budget", "EAGLE k=4 with a token budget (16) below batch x (1 + k): drafts truncated",
+        engine(seqs=6, tokens=16), requests(24, 6, (10, 40), (20, 40), arrivals="zero", k=4), spec("eagle", 4))
+    add("eagle_bs32", "EAGLE k=2 with 32-token blocks, tight pool",
+        engine(blocks=14, block_size=32), requests(25, 8, (20, 80), (20, 60), k=2), spec("eagle", 2))
+    add("eagle_no_chunked_prefill", "EAGLE k=3, chunked prefill off",
+        engine(tokens=160, chunked=False, max_model_len=160, blocks=40),
+        requests(26, 8, (20, 100), (10, 50), k=3), spec("eagle", 3))
+    add("eagle_one_token_outputs", "EAGLE k=3 with 1-2 token outputs",
+        engine(), requests(27, 10, (10, 50), (1, 2), k=3), spec("eagle", 3))
+    add("eagle_burst", "EAGLE k=3, two bursts of 8",
+        engine(blocks=50), requests(28, 16, (10, 60), (10, 50), arrivals="burst", k=3), spec("eagle", 3))
+    add("eagle3_k4", "EAGLE-3 k=4",
+        engine(blocks=40), requests(29, 8, (20, 80), (20, 60), k=4), spec("eagle3", 4))
+    add("mtp1_k1", "MTP with 1 layer, k=1",
+        engine(blocks=30), requests(30, 8, (20, 80), (20, 60), k=1), spec("mtp", 1, layers=1))
+    add("mtp3_k3_chunked", "MTP with 3 layers, k=3: a prefill chunk never ends within k tokens of the prompt's end",
+        engine(tokens=48), requests(31, 8, (40, 160), (10, 40), k=3), spec("mtp", 3, layers=3))
+    add("mtp3_k3_tight_kv", "MTP with 3 layers, k=3, small budget and tight pool",
+        engine(tokens=32, blocks=30), requests(32, 8, (30, 120), (20, 50), k=3), spec("mtp", 3, layers=3))
+    add("draft_model_k4", "draft model k=4: one extra slot per scheduled request out of the token budget",
+        engine(blocks=40), requests(33, 8, (20, 80), (20, 60), k=4), spec("draft_model", 4))
+    add("draft_model_small_budget", "draft model k=3, budget 24: the per-request drafting slot shortens chunks",
+        engine(seqs=6, tokens=24), requests(34, 8, (20, 90), (10, 40), k=3), spec("draft_model", 3))
+    add("medusa_k3_tight_kv", "Medusa k=3: vLLM reserves no lookahead slots; tight pool",
+        engine(blocks=22), requests(35, 10, (20, 60), (30, 80), k=3), spec("medusa", 3))
+    adm = requests(104, 8, (2, 6), (20, 60), k=3)
+    for r in adm:
+        r["prompt_tokens"] *= 16  # whole blocks: the lookahead slots need one more block than the prompt
+    add("eagle_admission_lookahead", "EAGLE k=3, prompts of whole blocks, tight pool: admission checks the whole "
+        "prompt's blocks and the first chunk's blocks plus lookahead, not the prompt plus lookahead",
+        engine(tokens=32, blocks=22), adm, spec("eagle", 3))
+    ends = requests(100, 8, (1, 4), (10, 40), k=3)
+    for i, r in enumerate(ends):
+        r["prompt_tokens"] = r["prompt_tokens"] * 32 + 1 + i % 3  # chunks of 32 would end 1-3 tokens short
+    add("mtp3_k3_chunk_ends", "MTP with 3 layers, k=3, prompts 1-3 tokens past a multiple of the budget (32): "
+        "chunks are cut back so that none ends within 3 tokens of the prompt's end",
+        engine(tokens=32, blocks=60), ends, spec("mtp", 3, layers=3))
+    add("eagle_k4_preempt_no_admission", "EAGLE k=4, very tight pool: no admission in a step that preempted, "
+        "although the victim's whole sequence would fit again (admission does not count lookahead slots)",
+        engine(tokens=64, blocks=18, seqs=6), requests(300, 10, (8, 40), (20, 80), k=4), spec("eagle", 4))
+    # --- batch-size-dependent k
+    add("eagle_table_k0", "k table with k=0 above 3 requests (lookahead slots stay at K)",
+        engine(blocks=60), requests(36, 8, (10, 60), (20, 60), k=3),
+        spec("eagle", 3, table=[[1, 3, 3], [4, 64, 0]]))
+    add("eagle_table_flip", "k table whose lookup flips when one prefill joins 4 decoders ([1,4]->3, [5,..]->1)",
+        engine(blocks=60), requests(37, 4, (20, 40), (60, 90), arrivals="zero", k=3)
+        + requests(38, 4, (20, 40), (3, 6), arrivals=[20, 45, 70, 95], k=3),
+        spec("eagle", 3, table=[[1, 4, 3], [5, 64, 1]]))
+    add("ngram_table", "n-gram with a k table and empty drafts",
+        engine(), requests(39, 8, (20, 60), (10, 50), k=4, empty_share=0.3),
+        spec("ngram", 4, table=[[1, 2, 4], [3, 5, 2], [6, 64, 1]]))
+    add("draft_model_table", "draft model with a k table including k=0",
+        engine(blocks=50), requests(40, 8, (20, 60), (10, 50), k=3),
+        spec("draft_model", 3, table=[[1, 2, 3], [3, 4, 1], [5, 64, 0]]))
+    # --- async scheduling (vLLM's default on GPUs for plain decoding, EAGLE, MTP and draft models)
+    add("async_plain", "async scheduling, plain decoding",
+        engine(async_scheduling=True), requests(50, 8, (20, 90), (5, 40)))
+    add("async_plain_tight_kv", "async scheduling, tight KV pool with preemptions",
+        engine(blocks=20, async_scheduling=True), requests(51, 12, (20, 70), (30, 90)))
+    add("async_eagle", "async scheduling, EAGLE k=3",
+        engine(async_scheduling=True), requests(52, 8, (20, 80), (10, 60), k=3), spec("eagle", 3))
+    add("async_eagle_tight_kv", "async scheduling, EAGLE k=3, tight pool: allocation counts the previous step's "
+        "drafts as accepted; preemptions",
+        engine(blocks=24, async_scheduling=True), requests(53, 10, (20, 60), (30, 80), k=3), spec("eagle", 3))
+    add("async_draft_model_small_budget", "async scheduling, draft model k=3, budget 24",
+        engine(seqs=6, tokens=24, async_scheduling=True), requests(54, 8, (20, 90), (10, 40), k=3),
+        spec("draft_model", 3))
+    add("async_mtp3_k3", "async scheduling, MTP with 3 layers, k=3, small budget",
+        engine(tokens=48, blocks=40, async_scheduling=True), requests(55, 8, (40, 160), (10, 40), k=3),
+        spec("mtp", 3, layers=3))
+    add("async_eagle_table", "async scheduling, EAGLE with a k table including k=0",
+        engine(blocks=60, async_scheduling=True), requests(56, 8, (10, 60), (20, 60), k=3),
+        spec("eagle", 3, table=[[1, 3, 3], [4, 64, 0]]))
+    add("async_plain_max_num_seqs", "async scheduling, max_num_seqs=3 and 1-3 token outputs: finished requests "
+        "hold their slot and blocks while the next step is scheduled",
+        engine(seqs=3, blocks=30, async_scheduling=True), requests(57, 10, (10, 60), (1, 3), arrivals="zero"))
+    return S
+
+
+def main() -> None:
+    OUT.mkdir(exist_ok=True)
+    for scen in scenarios():
+        (OUT / f"{scen['name']}.json").write_text(json.dumps(scen, indent=1) + "\n")
+    print(f"wrote {len(scenarios())} scenarios to {OUT}")
+
+
+if __name__ == "__main__":
+    main()
