@@ -119,13 +119,14 @@ def test_many_equals_one_at_a_time_and_bad_arguments():
     c = TRICKY
     requests = np.array([5, 0, 3, 3, 6])
     for bs in (4, 7, 16):
-        offsets, hashes = c.block_hashes_many(requests, bs)
+        many = c.block_hashes_many(requests, bs)
         for j, r in enumerate(requests):
-            assert np.array_equal(hashes[offsets[j] : offsets[j + 1]], c.block_hashes(int(r), bs))
+            assert np.array_equal(many.of(j), c.block_hashes(int(r), bs))
         wanted = np.array([1, 0, 2, 1, 2])
-        offsets, hashes = c.block_hashes_many(requests, bs, wanted)
+        many = c.block_hashes_many(requests, bs, wanted)
+        assert np.array_equal(np.diff(many.offsets), wanted)
         for j, r in enumerate(requests):
-            assert np.array_equal(hashes[offsets[j] : offsets[j + 1]], c.block_hashes(int(r), bs, int(wanted[j])))
+            assert np.array_equal(many.of(j), c.block_hashes(int(r), bs, int(wanted[j])))
     with pytest.raises(ValueError, match="block_size"):
         c.block_hashes(0, 0)
     with pytest.raises(ValueError, match=r"num_blocks must be in 0\.\.2"):

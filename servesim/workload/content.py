@@ -40,7 +40,9 @@ pieces (Mooncake's 512-token blocks with ``block_size`` dividing 512 never do: e
 one hash block).
 
 An engine asks ``content.block_hashes(i, block_size, num_blocks)``: the uint64 hashes of request ``i``'s
-first ``num_blocks`` full blocks (O(blocks + segments) numpy work, no per-token Python objects).
+first ``num_blocks`` full blocks (O(blocks + segments) numpy work, no per-token Python objects; about 40
+numpy calls per request), or ``content.block_hashes_many(requests, block_size)`` for many requests in one
+pass (:class:`BlockHashes`).
 
 The engine does not read this yet: it is the input of prefix caching, coming in issue 12's engine work.
 """
@@ -329,7 +331,7 @@ class SequenceContent:
 
     def block_hashes_many(
         self, requests: np.ndarray, block_size: int, num_blocks: np.ndarray | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    ) -> BlockHashes:
         """:meth:`block_hashes` of several requests at once (one pass of numpy work for all of them).
 
         Args:
@@ -338,8 +340,9 @@ class SequenceContent:
             num_blocks: int ``(R,)`` blocks per request; None = every full block of each sequence.
 
         Returns:
-            (offsets int64 ``(R + 1,)``, hashes uint64): request ``requests[j]``'s hashes are
-            ``hashes[offsets[j]:offsets[j + 1]]``, equal to ``block_hashes(requests[j], block_size, n_j)``.
+            :class:`BlockHashes`: ``.of(j)`` (= ``hashes[offsets[j]:offsets[j + 1]]``) equals
+            ``block_hashes(requests[j], block_size, n_j)``. For every request of the Mooncake conversation
+            trace at ``block_size`` 16 that is 9.3 million hashes (75 MB), a few seconds on a 2-core machine.
 
         Raises:
             ValueError: ``block_size < 1`` or a ``num_blocks`` entry outside ``0..`` the request's full blocks.
@@ -355,7 +358,24 @@ class SequenceContent:
         offsets = np.zeros(len(requests) + 1, dtype=np.int64)
         np.cumsum(n, out=offsets[1:])
         hashes = chain_hashes(part.segment_mix, part.segment_starts, part.segment_request, n, block_size)
-        return offsets, hashes
+        return BlockHashes(offsets, hashes)
+
+
+@dataclass(frozen=True)
+class BlockHashes:
+    """Block hashes of several requests, in CSR form.
+
+    Attributes:
+        offsets: int64 ``(R + 1,)``; the ``j``-th request's hashes are ``hashes[offsets[j]:offsets[j + 1]]``.
+        hashes: uint64 ``(offsets[-1],)``.
+    """
+
+    offsets: np.ndarray
+    hashes: np.ndarray
+
+    def of(self, j: int) -> np.ndarray:
+        """uint64: the hashes of the ``j``-th request asked for (a view)."""
+        return self.hashes[self.offsets[j] : self.offsets[j + 1]]
 
 
 def chain_hashes(

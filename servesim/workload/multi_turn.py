@@ -31,6 +31,7 @@ arrival time (ties keep session order); ``Workload.sessions`` gives each request
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from servesim.workload.arrivals import gamma_arrivals, poisson_arrivals
 from servesim.workload.content import NAMESPACE_MESSAGE, NAMESPACE_OUTPUT, SequenceContent, content_id
 from servesim.workload.system_prompts import draw_system_prompts, prepend_system_prompts
 from servesim.workload.workload import Sessions, Workload
+
+if TYPE_CHECKING:
+    from servesim.workload.config import MultiTurnWorkloadConfig
 
 
 def _within_session_exclusive_cumsum(values: np.ndarray, first: np.ndarray, counts: np.ndarray) -> np.ndarray:
@@ -58,7 +62,7 @@ def think_gaps(mean_s: float, cv: float, rng: np.random.Generator, n: int) -> np
     return rng.gamma(1.0 / cv**2, mean_s * cv**2, size=n)
 
 
-def build_multi_turn(cfg, rng: np.random.Generator, base_dir: Path | None = None) -> Workload:
+def build_multi_turn(cfg: MultiTurnWorkloadConfig, rng: np.random.Generator, base_dir: Path | None = None) -> Workload:
     """Build a ``multi_turn`` workload (see the module docstring).
 
     Args:
