@@ -7,6 +7,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
 from servesim.config.loading import validate
@@ -90,6 +92,29 @@ def test_hashes_are_equal_exactly_where_whole_prefixes_are_equal(block_size):
                 for m in range(len(blocks[j])):
                     same = (k == m) and ti[: (k + 1) * block_size] == tj[: (m + 1) * block_size]
                     assert (blocks[i][k] == blocks[j][m]) == same, (i, j, k, m)
+
+
+segment_lists = st.lists(
+    st.lists(st.tuples(st.integers(1, 3), st.integers(1, 20)), min_size=1, max_size=5), min_size=2, max_size=5
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=segment_lists, block_size=st.integers(1, 24))
+def test_random_contents_hash_equal_iff_prefix_equal(rows, block_size):
+    # A small id alphabet makes shared prefixes, repeated ids and mid-block boundaries common.
+    c = content_from_lists(rows)
+    many = c.block_hashes_many(np.arange(len(c)), block_size)
+    toks = [tokens_of(c, i) for i in range(len(c))]
+    for i in range(len(c)):
+        assert len(many.of(i)) == len(toks[i]) // block_size
+        for j in range(len(c)):
+            for k in range(min(len(many.of(i)), len(many.of(j)))):
+                end = (k + 1) * block_size
+                assert (many.of(i)[k] == many.of(j)[k]) == (toks[i][:end] == toks[j][:end])
+            assert shared_leading_blocks(many.of(i), many.of(j)) == min(
+                c.common_prefix_tokens(i, j) // block_size, len(many.of(i)), len(many.of(j))
+            )
 
 
 def test_common_prefix_tokens_matches_the_token_oracle():
@@ -290,6 +315,9 @@ def test_multi_turn_is_reproducible_and_draws_are_independent():
         assert np.array_equal(x, y)
     other = build_workload(cfg(multi_turn()), rng(12))
     assert not np.array_equal(a.arrival_s[:5], other.arrival_s[:5])
+    timed = build_workload(cfg(multi_turn(num_sessions=None, duration_s=60)), rng(11))
+    starts = timed.arrival_s[timed.sessions.turn_index == 0]
+    assert len(starts) == len(set(timed.sessions.session_id)) and (starts < 60).all()
     # Changing the output distribution leaves session starts, turns and think times unchanged.
     c = build_workload(cfg(multi_turn(output_tokens={"type": "fixed", "value": 7})), rng(11))
     assert np.array_equal(a.arrival_s, c.arrival_s) and np.array_equal(a.sessions.turn_index, c.sessions.turn_index)
