@@ -20,7 +20,8 @@ Content ids are uint64 ``namespace << 56 | index`` (:func:`content_id`), so the 
 
 **Block hashes.** A vLLM-style prefix cache names each *full* KV block (``block_size`` tokens) by a hash
 chained over the blocks before it, so a block is shared only when the whole prefix up to its end is
-(vLLM ``v1/core/kv_cache_utils.py: hash_block_tokens(parent_block_hash, tokens)``). Here, for block ``k``
+(vLLM ``v1/core/kv_cache_utils.py``, ``hash_block_tokens(hash_function, parent_block_hash,
+curr_block_token_ids, extra_keys)``). Here, for block ``k``
 (tokens ``[k B, (k+1) B)`` of the sequence) of a request::
 
     piece     = the part of one segment inside block k: its content id, offset in the content, tokens and
@@ -29,8 +30,10 @@ chained over the blocks before it, so a block is shared only when the whole pref
     content_k = sum of mix_piece over the block's pieces                          (mod 2^64)
     hash_k    = hash_{k-1} + mix(content_k + mix(k + 1)),   hash_{-1} = ROOT_HASH  (mod 2^64)
 
-with ``mix`` the splitmix64 finaliser (Steele, Lea & Flood, "Fast splittable pseudorandom number
-generators", OOPSLA 2014). ``hash_k`` depends on its parent ``hash_{k-1}`` and on the block's tokens, as
+with ``mix`` the splitmix64 finaliser (shifts 30, 27, 31 and multipliers 0xbf58476d1ce4e5b9,
+0x94d049bb133111eb: Vigna's ``splitmix64.c``, after Steele, Lea & Flood, OOPSLA 2014), a bijection of
+64-bit integers. ``ROOT_HASH`` is fixed (vLLM's ``NONE_HASH`` is random per process unless
+``PYTHONHASHSEED`` is set) so that the same workload always gives the same hashes. ``hash_k`` depends on its parent ``hash_{k-1}`` and on the block's tokens, as
 vLLM's does; it is an additive chain (instead of vLLM's SHA-256 over token ids) so that a request's chain is
 one cumulative sum over numpy arrays. Equal prefixes give equal hashes exactly; different prefixes collide
 with probability about ``n^2 / 2^65`` for ``n`` distinct blocks (below 1e-5 for ten million blocks). The
@@ -104,7 +107,7 @@ def content_id(namespace: int, index: np.ndarray | int) -> np.ndarray:
     return idx.astype(np.uint64) | np.uint64(namespace << NAMESPACE_SHIFT)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class SequenceContent:
     """The content of every request's sequence (prompt then output) as segments, in CSR form.
 
@@ -361,7 +364,7 @@ class SequenceContent:
         return BlockHashes(offsets, hashes)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class BlockHashes:
     """Block hashes of several requests, in CSR form.
 
