@@ -231,6 +231,17 @@ def test_mooncake_conversation_trace_content_covers_every_prompt():
     assert shared_leading_blocks(c.block_hashes(0, 16), c.block_hashes(1, 16)) == 32
 
 
+def test_hash_ids_change_no_request_of_the_replay():
+    kw = {"type": "trace", "path": str(MOONCAKE_CONV), "start_s": 600, "duration_s": 300, "rate_scale": 2}
+    plain = build_workload(cfg(kw), rng())
+    hashed = build_workload(cfg({**kw, "hash_ids": True}), rng())
+    assert plain.content is None and len(hashed.content) == len(plain) > 100
+    for a, b in ((plain.arrival_s, hashed.arrival_s), (plain.prompt_tokens, hashed.prompt_tokens),
+                 (plain.output_tokens, hashed.output_tokens)):
+        assert np.array_equal(a, b)
+    assert plain.description == hashed.description
+
+
 def test_hash_ids_config_and_errors(tmp_path):
     w = build_workload(cfg({"type": "trace", "path": str(write_three_rows(tmp_path)), "hash_ids": True}), rng())
     assert w.content is not None and len(w.content) == 3
