@@ -415,6 +415,17 @@ def test_system_prompts_before_mooncake_hash_blocks(tmp_path):
     assert shared_leading_blocks(c.block_hashes(0, 16), c.block_hashes(1, 16)) == 552 // 16
 
 
+def test_system_prompts_of_given_lengths_most_popular_first():
+    data = poisson_with_system_prompts(20_000)
+    data["system_prompts"] = {"prompt_lengths": [700, 300, 50], "zipf_exponent": 2.0}
+    w = build_workload(cfg(data), rng(9))
+    plain = build_workload(cfg({k: v for k, v in data.items() if k != "system_prompts"}), rng(9))
+    choice = system_choice(w)
+    assert np.array_equal(w.prompt_tokens - plain.prompt_tokens, np.array([700, 300, 50])[choice])
+    counts = np.bincount(choice, minlength=3)
+    assert stats.chisquare(counts, 20_000 * zipf_popularity(3, 2.0)).pvalue > 0.01
+
+
 def test_multi_turn_system_prompt_is_per_session():
     w = build_workload(cfg(multi_turn(system_prompts={"num_prompts": 3, "prompt_tokens": {"type": "fixed", "value": 64}})), rng(4))
     choice = system_choice(w)
@@ -442,6 +453,12 @@ PS = r"test\.yaml: (poisson\.)?system_prompts\."
         (poisson_with_system_prompts(5, num_prompts=0), PS + "num_prompts: "),
         (poisson_with_system_prompts(5, popularity="zipf"), PS + "popularity: unknown key"),
         ({"type": "trace", "path": "x.csv", "hash_ids": True}, "hash_ids: only Mooncake traces"),
+        (poisson_with_system_prompts(5, prompt_lengths=[5, 6]), "exactly one of prompt_tokens"),
+        ({**poisson_with_system_prompts(5), "system_prompts": {"prompt_tokens": FIXED}}, "num_prompts is required"),
+        ({**poisson_with_system_prompts(5), "system_prompts": {"num_prompts": 3, "prompt_lengths": [5, 6]}},
+         r"num_prompts \(3\) must equal the number of prompt_lengths \(2\)"),
+        ({**poisson_with_system_prompts(5), "system_prompts": {"prompt_lengths": [5, 0]}},
+         PS + r"prompt_lengths\.1: "),
     ],
 )
 def test_config_errors_are_one_line_naming_the_field(data, message):

@@ -2,7 +2,7 @@
 
 ``system_prompts: {num_prompts: K, prompt_tokens: LENGTH, zipf_exponent: s, probability: p}`` in any
 workload: the workload has ``K`` system prompts, prompt ``k`` (rank ``k + 1``) of ``L_k`` tokens drawn once
-from ``prompt_tokens``; each request (each session, for ``multi_turn``) carries one with probability ``p``,
+from ``prompt_tokens`` (or given: ``prompt_lengths: [L_0, L_1, ...]``, most popular first); each request (each session, for ``multi_turn``) carries one with probability ``p``,
 prompt ``k`` with probability ``(k + 1)^-s / sum_j (j + 1)^-s`` (Zipf's law over ranks; ``s = 0`` is uniform;
 Breslau et al., "Web caching and Zipf-like distributions", INFOCOM 1999, for the finite-N form). A carried
 system prompt is put before the request's own prompt: its prompt grows by ``L_k`` tokens and
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
 from servesim.workload.content import NAMESPACE_SYSTEM_PROMPT, SequenceContent, content_id
 from servesim.workload.lengths import LengthConfig
@@ -32,10 +32,31 @@ class SystemPromptsConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-    num_prompts: int = Field(ge=1, description="number of distinct system prompts")
-    prompt_tokens: LengthConfig = Field(description="length of each system prompt (tokens), drawn once per prompt")
+    num_prompts: int | None = Field(None, ge=1, description="number of distinct system prompts")
+    prompt_tokens: LengthConfig | None = Field(
+        None, description="length of each system prompt (tokens), drawn once per prompt"
+    )
+    prompt_lengths: list[PositiveInt] | None = Field(
+        None, min_length=1, description="or: the prompts' lengths (tokens), most popular first"
+    )
     zipf_exponent: float = Field(1.0, ge=0, description="popularity of rank r is proportional to r^-s (0 = uniform)")
     probability: float = Field(1.0, ge=0, le=1, description="share of requests (sessions) that carry one")
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> "SystemPromptsConfig":
+        if (self.prompt_tokens is None) == (self.prompt_lengths is None):
+            raise ValueError("system_prompts: give exactly one of prompt_tokens (with num_prompts) and prompt_lengths")
+        if self.prompt_lengths is None:
+            if self.num_prompts is None:
+                raise ValueError("system_prompts: num_prompts is required with prompt_tokens")
+        elif self.num_prompts is None:
+            self.num_prompts = len(self.prompt_lengths)
+        elif self.num_prompts != len(self.prompt_lengths):
+            raise ValueError(
+                f"system_prompts: num_prompts ({self.num_prompts}) must equal the number of prompt_lengths "
+                f"({len(self.prompt_lengths)})"
+            )
+        return self
 
 
 def zipf_popularity(num_prompts: int, zipf_exponent: float) -> np.ndarray:
@@ -81,14 +102,19 @@ def draw_system_prompts(
         TraceError: an empirical length distribution's trace is missing or malformed.
     """
     length_rng, choice_rng, carry_rng = rng.spawn(3)
-    lengths = cfg.prompt_tokens.build(base_dir)
-    prompt_tokens = lengths.sample(length_rng, cfg.num_prompts)
+    if cfg.prompt_tokens is not None:
+        lengths = cfg.prompt_tokens.build(base_dir)
+        prompt_tokens = lengths.sample(length_rng, cfg.num_prompts)
+        sizes = f"{lengths.describe()} tokens"
+    else:
+        prompt_tokens = np.array(cfg.prompt_lengths, dtype=np.int64)
+        sizes = "given lengths"
     p = zipf_popularity(cfg.num_prompts, cfg.zipf_exponent)
     choice = choice_rng.choice(cfg.num_prompts, size=num_units, p=p).astype(np.int64)
     if cfg.probability < 1:
         choice[carry_rng.random(num_units) >= cfg.probability] = -1
     label = (
-        f"{cfg.num_prompts} system prompts of {lengths.describe()} tokens, Zipf s {cfg.zipf_exponent:g}"
+        f"{cfg.num_prompts} system prompts of {sizes}, Zipf s {cfg.zipf_exponent:g}"
         + (f", carried by {cfg.probability:.0%}" if cfg.probability < 1 else "")
     )
     return SystemPromptDraw(prompt_tokens, choice, label)
