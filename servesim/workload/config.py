@@ -10,7 +10,7 @@
     type: multi_turn     # sessions at rate (sessions/s), turns, message_tokens, output_tokens, think times
                          # (see servesim.workload.multi_turn)
 
-Every type also takes ``system_prompts: {num_prompts, prompt_tokens, zipf_exponent, probability}``: shared
+Every type also takes ``system_prompts: {num_prompts, prompt_tokens | prompt_lengths, zipf_exponent, probability}``: shared
 system prompts with a Zipf popularity, prepended to the prompts (see :mod:`servesim.workload.system_prompts`).
 
 Lengths of synthetic workloads: ``prompt_tokens`` and ``output_tokens`` (each a length distribution, see

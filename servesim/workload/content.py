@@ -82,10 +82,13 @@ def mix64(x: np.ndarray) -> np.ndarray:
     Returns:
         uint64 array, same shape.
     """
-    x = np.asarray(x, dtype=np.uint64)
-    x = (x ^ (x >> _S30)) * _M1
-    x = (x ^ (x >> _S27)) * _M2
-    return x ^ (x >> _S31)
+    x = np.array(x, dtype=np.uint64)  # a copy, mixed in place
+    x ^= x >> _S30
+    x *= _M1
+    x ^= x >> _S27
+    x *= _M2
+    x ^= x >> _S31
+    return x
 
 
 def content_id(namespace: int, index: np.ndarray | int) -> np.ndarray:
