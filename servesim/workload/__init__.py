@@ -3,7 +3,11 @@
 Public API::
 
     Workload, TraceMeta                      runtime result (numpy arrays)
-    WorkloadConfig                           pydantic union (type: trace | poisson | gamma | closed_loop)
+    WorkloadConfig                           pydantic union (type: trace | poisson | gamma | closed_loop
+                                             | multi_turn), each with optional system_prompts
+    SequenceContent                          what each request's tokens are: shared segments, block hashes
+                                             (Workload.content; for prefix caching, not read by the engine yet)
+    Sessions                                 session and turn of each request (Workload.sessions)
     build_workload(cfg, rng, base_dir)       config -> Workload
     load_workload_config(path), load_workload(path, rng)
     load_trace(path, format, rate_scale, start_s, duration_s, max_requests, bucket_policy)
@@ -19,6 +23,7 @@ from servesim.workload.build import build_workload, load_workload, load_workload
 from servesim.workload.config import (
     ClosedLoopWorkloadConfig,
     GammaWorkloadConfig,
+    MultiTurnWorkloadConfig,
     PoissonWorkloadConfig,
     TraceWorkloadConfig,
     WorkloadConfig,
@@ -37,9 +42,11 @@ from servesim.workload.lengths import (
     UniformLength,
     UniformLengthConfig,
 )
+from servesim.workload.content import SequenceContent
 from servesim.workload.rawtrace import RawTrace
+from servesim.workload.system_prompts import SystemPromptsConfig, zipf_popularity
 from servesim.workload.trace import load_trace, read_trace
-from servesim.workload.workload import TraceMeta, Workload
+from servesim.workload.workload import Sessions, TraceMeta, Workload
 
 __all__ = [
     "ClosedLoopWorkloadConfig",
@@ -54,8 +61,12 @@ __all__ = [
     "LengthDistribution",
     "LognormalLength",
     "LognormalLengthConfig",
+    "MultiTurnWorkloadConfig",
     "PoissonWorkloadConfig",
     "RawTrace",
+    "SequenceContent",
+    "Sessions",
+    "SystemPromptsConfig",
     "TraceMeta",
     "TraceWorkloadConfig",
     "UniformLength",
@@ -70,4 +81,5 @@ __all__ = [
     "poisson_arrivals",
     "read_trace",
     "renewal_arrivals",
+    "zipf_popularity",
 ]

@@ -12,12 +12,16 @@ from servesim.workload.arrivals import gamma_arrivals, poisson_arrivals
 from servesim.workload.config import (
     ClosedLoopWorkloadConfig,
     GammaWorkloadConfig,
+    MultiTurnWorkloadConfig,
     PoissonWorkloadConfig,
     TraceWorkloadConfig,
     WorkloadConfig,
     _SyntheticBase,
 )
+from servesim.errors import TraceError
 from servesim.workload.lengths import resolve_path
+from servesim.workload.multi_turn import build_multi_turn
+from servesim.workload.system_prompts import draw_system_prompts, prepend_system_prompts
 from servesim.workload.trace import load_trace
 from servesim.workload.workload import Workload
 
@@ -51,7 +55,8 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
         cfg: a validated workload config.
         rng: the caller's generator. Three child generators are spawned from it (arrivals, prompt
             lengths, output lengths), so changing one part of the config leaves the other draws unchanged;
-            a trace replay draws nothing.
+            a trace replay draws nothing; ``system_prompts`` spawns one more child after those (so the
+            other draws are unchanged by adding it); ``multi_turn`` spawns its own six.
         base_dir: folder that relative paths are resolved against (the config file's folder); None = cwd.
 
     Returns:
@@ -60,16 +65,31 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
     Raises:
         TraceError: a trace file (replayed or resampled) is missing or malformed, or a window is empty.
     """
+    if isinstance(cfg, MultiTurnWorkloadConfig):
+        return build_multi_turn(cfg, rng, base_dir)
+    workload = _build_requests(cfg, rng, base_dir)
+    if cfg.system_prompts is not None:
+        draw = draw_system_prompts(cfg.system_prompts, len(workload), rng.spawn(1)[0], base_dir)
+        workload = prepend_system_prompts(workload, draw)
+    return workload
+
+
+def _build_requests(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path | None) -> Workload:
     if isinstance(cfg, TraceWorkloadConfig):
-        return load_trace(
-            resolve_path(cfg.path, base_dir),
+        path = resolve_path(cfg.path, base_dir)
+        workload = load_trace(
+            path,
             format=cfg.format,
             rate_scale=cfg.rate_scale,
             start_s=cfg.start_s,
             duration_s=cfg.duration_s,
             max_requests=cfg.max_requests,
             bucket_policy=cfg.bucket_policy,
+            prefix_block_ids=cfg.hash_ids,
         )
+        if cfg.hash_ids and workload.content is None:
+            raise TraceError(f"{path}: hash_ids: true, but not every row of the file has hash_ids")
+        return workload
     arrival_rng, prompt_rng, output_rng = rng.spawn(3)
     if isinstance(cfg, ClosedLoopWorkloadConfig):
         n = cfg.num_requests

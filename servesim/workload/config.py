@@ -7,6 +7,11 @@
     type: poisson        # rate (requests/s), num_requests or duration_s, lengths
     type: gamma          # rate (requests/s), cv (of the gaps), num_requests or duration_s, lengths
     type: closed_loop    # concurrency (clients), think_time_s, num_requests, lengths
+    type: multi_turn     # sessions at rate (sessions/s), turns, message_tokens, output_tokens, think times
+                         # (see servesim.workload.multi_turn)
+
+Every type also takes ``system_prompts: {num_prompts, prompt_tokens | prompt_lengths, zipf_exponent, probability}``: shared
+system prompts with a Zipf popularity, prepended to the prompts (see :mod:`servesim.workload.system_prompts`).
 
 Lengths of synthetic workloads: ``prompt_tokens`` and ``output_tokens`` (each a length distribution, see
 :mod:`servesim.workload.lengths`), or ``lengths: {type: empirical, path, format}`` to resample
@@ -20,6 +25,9 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servesim.workload.lengths import EmpiricalPairsConfig, LengthConfig, TraceFormat
+from servesim.workload.system_prompts import SystemPromptsConfig
+
+_SYSTEM_PROMPTS = "shared system prompts prepended to the prompts (Zipf popularity)"
 
 
 class TraceWorkloadConfig(BaseModel):
@@ -37,6 +45,19 @@ class TraceWorkloadConfig(BaseModel):
     bucket_policy: Literal["burst", "spread"] = Field(
         "spread", description="Mooncake timestamps shared by m requests: all at T (burst) or T + i*w/m (spread)"
     )
+    hash_ids: bool = Field(
+        False,
+        description="Mooncake only: describe each prompt's content from its hash_ids (Workload.content) for "
+        "prefix caching; slower to parse, so off unless asked for",
+    )
+    system_prompts: SystemPromptsConfig | None = Field(None, description=_SYSTEM_PROMPTS)
+
+    @model_validator(mode="after")
+    def _check_hash_ids(self) -> "TraceWorkloadConfig":
+        azure = self.format == "azure" or (self.format == "auto" and self.path.lower().endswith(".csv"))
+        if self.hash_ids and azure:
+            raise ValueError("hash_ids: only Mooncake traces (.jsonl) carry hash_ids; Azure traces have none")
+        return self
 
 
 class _SyntheticBase(BaseModel):
@@ -45,6 +66,7 @@ class _SyntheticBase(BaseModel):
     prompt_tokens: LengthConfig | None = Field(None, description="prompt length distribution (tokens)")
     output_tokens: LengthConfig | None = Field(None, description="output length distribution (tokens)")
     lengths: EmpiricalPairsConfig | None = Field(None, description="(prompt, output) pairs from a trace")
+    system_prompts: SystemPromptsConfig | None = Field(None, description=_SYSTEM_PROMPTS)
 
     @model_validator(mode="after")
     def _check_lengths(self) -> _SyntheticBase:
@@ -103,8 +125,42 @@ class ClosedLoopWorkloadConfig(_SyntheticBase):
         return self
 
 
+class MultiTurnWorkloadConfig(BaseModel):
+    """Multi-turn conversations: each turn's prompt = the session's history + a new message.
+
+    See :mod:`servesim.workload.multi_turn` for the process and :mod:`servesim.workload.content` for the
+    shared-prefix description it produces.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    type: Literal["multi_turn"]
+    rate: float = Field(gt=0, description="session arrival rate (sessions/s)")
+    cv: float = Field(1.0, gt=0, description="coefficient of variation of the gaps between session starts (1 = Poisson)")
+    num_sessions: int | None = Field(None, ge=1, description="number of sessions")
+    duration_s: float | None = Field(None, gt=0, description="or: every session starting in [0, duration_s) (s)")
+    turns: LengthConfig = Field(description="turns per session (a length distribution, >= 1)")
+    message_tokens: LengthConfig = Field(description="new user message of each turn (tokens)")
+    output_tokens: LengthConfig = Field(description="output of each turn (tokens)")
+    think_time_s: float = Field(ge=0, description="mean gap between the arrivals of a session's consecutive turns (s)")
+    think_time_cv: float = Field(1.0, ge=0, description="coefficient of variation of the think time (0 = fixed)")
+    system_prompts: SystemPromptsConfig | None = Field(None, description="one per session, before every turn")
+
+    @model_validator(mode="after")
+    def _check_count(self) -> "MultiTurnWorkloadConfig":
+        if (self.num_sessions is None) == (self.duration_s is None):
+            raise ValueError("give exactly one of num_sessions and duration_s")
+        return self
+
+
 WorkloadConfig = Annotated[
-    Union[TraceWorkloadConfig, PoissonWorkloadConfig, GammaWorkloadConfig, ClosedLoopWorkloadConfig],
+    Union[
+        TraceWorkloadConfig,
+        PoissonWorkloadConfig,
+        GammaWorkloadConfig,
+        ClosedLoopWorkloadConfig,
+        MultiTurnWorkloadConfig,
+    ],
     Field(discriminator="type"),
 ]
-"""A workload (discriminated on ``type``: trace, poisson, gamma, closed_loop)."""
+"""A workload (discriminated on ``type``: trace, poisson, gamma, closed_loop, multi_turn)."""

@@ -5,6 +5,20 @@ JSON object per line with ``timestamp`` (ms since the start of the trace), ``inp
 ``output_length`` (tokens), and ``hash_ids`` (one id per 512-token prefix block; equal ids = shareable
 prefix). Blank lines are skipped. Other keys are ignored.
 
+``hash_ids`` as prompt content (:func:`hash_id_arrays`, used by ``load_trace(..., prefix_block_ids=True)``
+to fill ``Workload.content``): id ``j`` of a row covers prompt tokens ``[512 j, 512 (j + 1))``; a prompt of
+``L`` tokens has ``ceil(L / 512)`` ids (true of every row of both shipped files), the last covering the
+final ``L - 512 (ceil(L / 512) - 1)`` tokens. In the shipped files an id is always at the same position
+after the same predecessor (the ids are already chained) and the id of a partial last block never appears
+as a full block elsewhere. On ``B``-token KV blocks with ``B`` dividing 512, hash block ``j`` holds KV
+blocks ``512 j / B .. 512 (j + 1) / B - 1``: KV block ``k`` is tokens ``[(k B) mod 512, (k B) mod 512 + B)``
+of id ``floor(k B / 512)``, so a 16-token KV block is shared by two requests exactly when the ids of its
+512-token block and of every block before it are equal. The last, partial hash block of ``r`` tokens gives
+``floor(r / B)`` full KV blocks (shared with another request whose row has the same id there, up to the
+shorter of the two) and ``r mod B`` tokens in a partial KV block, which is never cached. Sharing is known
+at 512-token resolution only: where two rows' ids differ, none of that hash block's KV blocks is shared,
+even if the real texts agreed on part of it.
+
 Speed: ``hash_ids`` make up most of the file; unless they are asked for, they are blanked with one regular
 expression before a single ``json.loads`` of the whole file (about 30 ms for the 12,031-row conversation
 trace instead of about 130 ms). Only when that fast pass fails does a line-by-line pass run, to name the
@@ -25,6 +39,8 @@ from servesim.errors import TraceError
 from servesim.workload.rawtrace import RawTrace, read_trace_text
 
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
+MOONCAKE_BLOCK_TOKENS = 512
+"""Tokens covered by one Mooncake ``hash_ids`` entry (Qin et al., FAST 2025, trace README)."""
 _HASH_IDS = re.compile(r'"hash_ids"\s*:\s*\[[^\]]*\]')
 
 
@@ -146,3 +162,28 @@ def _parse_checked(
         np.array(outs, dtype=np.int64),
         ids,
     )
+
+
+def hash_id_arrays(path: str | Path, hash_ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows' ``hash_ids`` as CSR arrays.
+
+    Args:
+        path: the trace file (for messages).
+        hash_ids: one list of ids per row.
+
+    Returns:
+        (offsets int64 ``(N + 1,)``, ids int64 ``(total,)``): row ``i``'s ids are
+        ``ids[offsets[i]:offsets[i + 1]]``.
+
+    Raises:
+        TraceError: an id that is not an integer in ``0..2^56 - 1`` (one line naming the file and the row).
+    """
+    counts = np.fromiter(map(len, hash_ids), dtype=np.int64, count=len(hash_ids))
+    offsets = np.zeros(len(hash_ids) + 1, dtype=np.int64)
+    np.cumsum(counts, out=offsets[1:])
+    flat = [h for row in hash_ids for h in row]
+    limit = (1 << 56) - 1
+    if not all(type(h) is int and 0 <= h <= limit for h in flat):
+        row, bad = next((r, h) for r, hs in enumerate(hash_ids, 1) for h in hs if not (type(h) is int and 0 <= h <= limit))
+        raise TraceError(f"{path}: row {row}: hash_ids: expected integer ids in 0..2^56-1 (got {bad!r})")
+    return offsets, np.array(flat, dtype=np.int64)

@@ -27,7 +27,8 @@ import numpy as np
 
 from servesim.errors import TraceError
 from servesim.workload.azure import read_azure_csv
-from servesim.workload.mooncake import read_mooncake_jsonl
+from servesim.workload.content import SequenceContent
+from servesim.workload.mooncake import MOONCAKE_BLOCK_TOKENS, hash_id_arrays, read_mooncake_jsonl
 from servesim.workload.rawtrace import RawTrace
 from servesim.workload.workload import TraceMeta, Workload
 
@@ -147,7 +148,9 @@ def load_trace(
         duration_s: length of the window on the original timeline (s), > 0; None = to the end.
         max_requests: keep at most the first N requests of the window, >= 1; None = all.
         bucket_policy: Mooncake only: ``"spread"`` (default) or ``"burst"``.
-        prefix_block_ids: Mooncake only: keep ``hash_ids`` in ``meta.prefix_block_ids`` (slower to parse).
+        prefix_block_ids: Mooncake only: keep ``hash_ids`` in ``meta.prefix_block_ids`` and describe each
+            request's tokens from them in ``Workload.content`` (512-token blocks, see
+            :mod:`servesim.workload.mooncake`); slower to parse. False keeps the fast path.
 
     Returns:
         A Workload whose ``arrival_s`` is (t - start_s) / rate_scale (s), with ``meta`` set.
@@ -211,6 +214,10 @@ def load_trace(
         bucket_policy=policy,
         prefix_block_ids=ids,
     )
+    content = None
+    if ids is not None:
+        offsets, flat = hash_id_arrays(path, ids)
+        content = SequenceContent.from_trace_blocks(offsets, flat, MOONCAKE_BLOCK_TOKENS, prompt, output)
     return Workload(
         arrival_s=arrival_s,
         prompt_tokens=prompt,
@@ -219,4 +226,5 @@ def load_trace(
         think_time_s=0.0,
         description=", ".join(parts),
         meta=meta,
+        content=content,
     )

@@ -6,6 +6,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from servesim.workload.content import SequenceContent
+
 
 @dataclass
 class TraceMeta:
@@ -36,6 +38,19 @@ class TraceMeta:
 
 
 @dataclass
+class Sessions:
+    """Which conversation and turn each request is (``multi_turn`` workloads), shape ``(N,)`` each.
+
+    Attributes:
+        session_id: int64, the session (0-based, in order of the sessions' first arrivals).
+        turn_index: int64, the turn within its session (0 = the session's first request).
+    """
+
+    session_id: np.ndarray
+    turn_index: np.ndarray
+
+
+@dataclass
 class Workload:
     """N requests for the engine, one entry of each array per request (shape ``(N,)``).
 
@@ -52,10 +67,16 @@ class Workload:
         think_time_s: closed loop: delay between a finish and that client's next request (s).
         description: one line saying what this is, e.g. ``"Azure trace ..., 19366 requests, rate x1"``.
         meta: trace provenance for trace-driven workloads, else None.
+        content: what each request's prompt and output tokens are, for prefix caching (segments of shared
+            content and their block hashes, :class:`~servesim.workload.content.SequenceContent`), or None
+            when the workload shares nothing (every request's tokens are its own). The engine does not
+            read it yet (prefix caching comes in issue 12's engine work).
+        sessions: session and turn of each request (``multi_turn``), else None.
 
     Raises:
         ValueError: the arrays disagree in length, are not sorted, or hold token counts < 1
-            (a programming error: loaders and generators never produce such a workload).
+            (a programming error: loaders and generators never produce such a workload), or ``content``
+            does not describe exactly ``prompt_tokens + output_tokens`` tokens per request.
     """
 
     arrival_s: np.ndarray
@@ -65,6 +86,8 @@ class Workload:
     think_time_s: float = 0.0
     description: str = ""
     meta: TraceMeta | None = field(default=None, repr=False)
+    content: SequenceContent | None = field(default=None, repr=False)
+    sessions: Sessions | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.arrival_s = np.asarray(self.arrival_s, dtype=np.float64)
@@ -85,6 +108,11 @@ class Workload:
                 raise ValueError("closed-loop think_time_s must be >= 0")
             if not np.isnan(self.arrival_s).all():
                 raise ValueError("closed-loop arrival_s must be all NaN")
+        if self.content is not None and (
+            len(self.content) != n
+            or not np.array_equal(self.content.sequence_tokens, self.prompt_tokens + self.output_tokens)
+        ):
+            raise ValueError("Workload content must describe prompt_tokens + output_tokens tokens per request")
 
     def __len__(self) -> int:
         return int(self.arrival_s.shape[0])
