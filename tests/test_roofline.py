@@ -56,7 +56,7 @@ def test_calibrated_llama8b_h100_batch1_decode_is_about_7_5_ms():
 def test_kv_term_reads_kv_bytes_per_token_at_effective_bandwidth():
     hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
     model = build_step_time_model(hw, m, 1, "calibrated")
-    expected_ps = m.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency) * PS_PER_S
+    expected_ps = m.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * hw.attention_bandwidth_efficiency) * PS_PER_S
     assert model.kv_ps_per_token == round(expected_ps)
 
 
@@ -66,8 +66,10 @@ def test_tensor_parallel_splits_weights_and_adds_allreduce():
     tp4 = build_step_time_model(hw, m, 4, "calibrated")
     w1 = tp1.weight_read_s(1)
     assert tp4.weight_read_s(1) == pytest.approx(w1 / 4, rel=1e-12)
-    assert tp4.allreduce_fixed_s == pytest.approx(2 * m.num_hidden_layers * hw.allreduce_latency_s)
-    assert tp4.base_s(1, 1) > tp4.overhead_s + w1 / 4
+    no_link = build_step_time_model(hw.model_copy(update={"allreduce_latency_s": 0.0}), m, 4, "calibrated")
+    # two all-reduces per layer, each paying the card's latency
+    assert tp4.base_s(1, 1, 1) - no_link.base_s(1, 1, 1) == pytest.approx(
+        2 * m.num_hidden_layers * hw.allreduce_latency_s, rel=1e-6)
     assert tp4.kv_ps_per_token == pytest.approx(tp1.kv_ps_per_token / 4, rel=1e-4)
 
 
@@ -75,4 +77,7 @@ def test_moe_reads_only_touched_experts():
     hw, m = load_hardware("h100-sxm"), load_model("mixtral-8x7b")
     model = build_step_time_model(hw, m, 2, "calibrated")
     assert model.weight_read_s(1) < model.weight_read_s(4) <= model.weight_read_s(1000)
-    assert model.weight_read_s(1000) == pytest.approx(m.weight_bytes / 2 / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency))
+    # all experts touched: every weight but the input embedding (a lookup of T rows), at the GEMM bandwidth
+    emb = m.param_counts.input_embedding * 2.0
+    assert model.weight_read_s(1000) == pytest.approx(
+        (m.weight_bytes - emb) / 2 / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency))

@@ -36,7 +36,7 @@ import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -44,7 +44,7 @@ from servesim.errors import ConfigError
 
 CSV_COLUMNS = [
     "case", "source", "metric", "unit", "measured", "measured_low", "measured_high", "simulated",
-    "relative_error", "tolerance", "within_tolerance", "detail", "notes",
+    "relative_error", "tolerance", "within_tolerance", "role", "detail", "notes",
 ]
 
 
@@ -111,6 +111,9 @@ class ValidationCase(_Strict):
     seed: int = Field(0, ge=0)
     fast: bool = False
     tolerance: float = Field(0.10, gt=0, lt=1)
+    tolerance_source: str = Field("", description="why this tolerance: the source's own uncertainty")
+    role: Literal["fit", "prediction"] = Field(
+        "prediction", description="fit: a servesim parameter was fitted to this figure; prediction: not")
     notes: str = ""
 
     @model_validator(mode="after")
@@ -162,6 +165,7 @@ class CaseResult:
     detail: str = ""
     notes: str = ""
     points: list[tuple[float, float]] = field(default_factory=list)
+    role: str = "prediction"
 
     @property
     def measured(self) -> float:
@@ -357,7 +361,7 @@ def run_case(lc: LoadedCase) -> CaseResult:
     return CaseResult(
         name=case.name, source=case.source, metric=m.metric, unit=m.unit, measured_low=m.low,
         measured_high=m.high, simulated=simulated, relative_error=rel, tolerance=case.tolerance,
-        within=within, detail=detail, notes=case.notes.strip(), points=points,
+        within=within, detail=detail, notes=case.notes.strip(), points=points, role=case.role,
     )
 
 
@@ -391,11 +395,11 @@ def _fmt(x: float | None) -> str:
 
 def table_rows(results: list[CaseResult]) -> list[list[str]]:
     """Rows of the report table: case, source, measured, simulated, relative error, within tolerance."""
-    rows = [["case", "source", "metric", "measured", "simulated", "rel. error", "within"]]
+    rows = [["case", "source", "metric", "measured", "simulated", "rel. error", "within", "role"]]
     for r in results:
         err = "-" if r.relative_error is None else f"{100 * r.relative_error:+.1f}%"
         rows.append([r.name, r.source, f"{r.metric} ({r.unit})", r.measured_text(), _fmt(r.simulated), err,
-                     f"{'yes' if r.within else 'no'} (±{100 * r.tolerance:g}%)"])
+                     f"{'yes' if r.within else 'no'} (±{100 * r.tolerance:g}%)", r.role])
     return rows
 
 
@@ -422,7 +426,7 @@ def write_csv(results: list[CaseResult], path: str | Path) -> Path:
                 r.name, r.source, r.metric, r.unit, repr(r.measured), repr(r.measured_low), repr(r.measured_high),
                 "" if r.simulated is None else repr(r.simulated),
                 "" if r.relative_error is None else repr(r.relative_error),
-                repr(r.tolerance), "yes" if r.within else "no", r.detail, r.notes,
+                repr(r.tolerance), "yes" if r.within else "no", r.role, r.detail, r.notes,
             ])
     return p
 

@@ -76,7 +76,7 @@ class SpeculativeConfig(BaseModel):
     acceptance: Any = None
     draft_cost: float | None = Field(default=None, ge=0.0)
     ngram_cpu_s_per_request: float = Field(default=10e-6, ge=0.0)
-    draft_pass_overhead_s: float = Field(default=0.6e-3, ge=0.0)
+    draft_pass_overhead_s: float = Field(default=0.65e-3, ge=0.0)
     draft_head: dict[str, Any] | None = None
     draft_tree: list[int] | None = None
     temperature: float = Field(default=0.0, ge=0.0)

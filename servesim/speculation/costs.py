@@ -60,10 +60,10 @@ class DrafterCost:
             if self.kind == "cpu":
                 v = num_requests * self.cpu_ps_per_request
             elif self.kind == "simple":
-                v = k * round(self.c * self.target.base_ps(num_requests, num_requests))
+                v = k * round(self.c * self.target.base_ps(num_requests, num_requests, num_requests))
             else:
                 d = self.draft_model
-                v = (d.base_ps(num_tokens, num_requests) + (k - 1) * d.base_ps(num_requests, num_requests)
+                v = (d.base_ps(num_tokens, num_requests, 0) + (k - 1) * d.base_ps(num_requests, num_requests, 0)
                      + k * self.pass_overhead_ps)
             self._cache[key] = v
         return v
@@ -114,9 +114,8 @@ def build_drafter(spec, hardware, target, tensor_parallel_size: int, mode: str, 
         card = load_model(spec.draft_head if spec.draft_head is not None else head_card(target), base_dir=base_dir)
         shared_lm_head = 0.0 if spec.draft_head is not None else float(target.lm_head_flops_per_token) / 2.0
         weights = max(float(card.weight_bytes) - shared_lm_head * float(card.bytes_per_weight), 0.0) / tp
-    model = build_step_time_model(hardware, card, tp, mode)
-    model.overhead_s = 0.0  # same engine step as the target pass: no second per-step overhead
-    model._base_cache.clear()
+    # same engine step as the target pass: no second per-step or per-request overhead
+    model = build_step_time_model(hardware, card, tp, mode, step_overhead=False)
     return DrafterCost(
         kind="model",
         weight_bytes_per_gpu=weights,
