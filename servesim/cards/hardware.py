@@ -90,15 +90,15 @@ class HardwareCard(BaseModel):
         "fitted per GPU class to Vidur's GEMM profiles (docs/reference/kernel-profiles/).",
     )
     step_overhead_s: float = Field(
-        default=1.59e-3,
+        default=1.72e-3,
         ge=0,
         description="Per-step CPU/engine overhead in seconds, fitted so that Llama-3.1-8B BF16 on an H100 SXM "
         "decodes at vLLM's measured 133 tok/s at batch 1 (PR 16937; experiments/calibration/"
-        "fit_batch1_overheads.py) once the kernel-profile step time (5.93 ms at a 225-token context) is in; "
+        "fit_batch1_overheads.py) once the kernel-profile step time (5.8 ms at a 225-token context) is in; "
         "vLLM V1 blog: 1-1.5 ms of CPU overhead per step. Same value on other GPUs (no better source).",
     )
     gemm_transition_exponent: float = Field(
-        default=1.564,
+        default=1.232,
         ge=1,
         le=16,
         description="p of the smooth maximum ((W/(eta_bw BW))^p + (F/(eta_c P))^p)^(1/p) that gives a group of "
@@ -107,20 +107,20 @@ class HardwareCard(BaseModel):
         "experiments/calibration/fit_kernel_profiles.py); default: the H100 fit.",
     )
     gemm_launch_s: float = Field(
-        default=6.35e-6,
+        default=6.89e-6,
         ge=0,
         description="Fixed time per GEMM kernel in seconds (launch, ramp-up and tail of a wave), fitted with "
         "the three other GEMM fields; default: the H100 fit.",
     )
     elementwise_bandwidth_efficiency: float = Field(
-        default=0.788,
+        default=0.583,
         gt=0,
         le=1,
         description="Share of peak memory bandwidth reached by the non-GEMM per-token operators (RMSNorm, "
         "rotary, activation, residual add), fitted to Vidur's profiles of them; default: the H100 fit.",
     )
     elementwise_launch_s: float = Field(
-        default=3.82e-6,
+        default=2.50e-6,
         ge=0,
         description="Fixed time per non-GEMM kernel in seconds (5 per decoder layer), fitted with "
         "elementwise_bandwidth_efficiency; default: the H100 fit.",
