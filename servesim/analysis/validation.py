@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servesim.analysis.bench_replay import BenchCase
 from servesim.errors import ConfigError
 
 CSV_COLUMNS = [
@@ -129,23 +130,32 @@ class ValidationCase(_Strict):
 
 
 class CaseFile(_Strict):
-    """A case file: ``cases:``, a non-empty list of :class:`ValidationCase`."""
+    """A case file: ``cases:``, a list of :class:`ValidationCase`, and/or ``vllm_bench:``, a list of
+    :class:`~servesim.analysis.bench_replay.BenchCase` (a user's ``vllm bench serve`` results)."""
 
-    cases: list[ValidationCase] = Field(min_length=1)
+    cases: list[ValidationCase] = Field(default_factory=list)
+    vllm_bench: list[BenchCase] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> CaseFile:
+        if not self.cases and not self.vllm_bench:
+            raise ValueError("give at least one entry in cases or vllm_bench")
+        return self
 
 
 @dataclass
 class LoadedCase:
     """A validated case with where it came from (``file``, ``index`` in its ``cases`` list)."""
 
-    case: ValidationCase
+    case: ValidationCase | BenchCase
     file: Path
     index: int
+    key: str = "cases"
 
     @property
     def where(self) -> str:
-        """``FILE: cases[i]`` for error messages."""
-        return f"{self.file}: cases[{self.index}]"
+        """``FILE: cases[i]`` (or ``vllm_bench[i]``) for error messages."""
+        return f"{self.file}: {self.key}[{self.index}]"
 
 
 @dataclass
@@ -201,7 +211,8 @@ def load_case_file(path: str | Path) -> list[LoadedCase]:
         # top-level keys starting with "_" only hold YAML anchors shared by the cases
         data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("_"))}
     parsed = validate(CaseFile, data, str(p))
-    return [LoadedCase(case=c, file=p, index=i) for i, c in enumerate(parsed.cases)]
+    return ([LoadedCase(case=c, file=p, index=i) for i, c in enumerate(parsed.cases)]
+            + [LoadedCase(case=c, file=p, index=i, key="vllm_bench") for i, c in enumerate(parsed.vllm_bench)])
 
 
 def load_cases(paths: list[str | Path] | None = None, *, fast_only: bool = False) -> list[LoadedCase]:
@@ -367,11 +378,16 @@ def run_case(lc: LoadedCase) -> CaseResult:
 
 def run_cases(cases: list[LoadedCase], progress: Any = None) -> list[CaseResult]:
     """Run every case in order; ``progress(name)`` (if given) is called before each one."""
+    from servesim.analysis.bench_replay import run_bench_case
+
     results = []
     for lc in cases:
         if progress is not None:
             progress(lc.case.name)
-        results.append(run_case(lc))
+        if isinstance(lc.case, BenchCase):
+            results.extend(run_bench_case(lc.case, lc.file, lc.where))
+        else:
+            results.append(run_case(lc))
     return results
 
 
