@@ -139,7 +139,7 @@ class CaseFile(_Strict):
     @model_validator(mode="after")
     def _not_empty(self) -> CaseFile:
         if not self.cases and not self.vllm_bench:
-            raise ValueError("give at least one entry in cases or vllm_bench")
+            raise ValueError("cases: expected at least one case (or a vllm_bench entry)")
         return self
 
 
