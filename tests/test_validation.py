@@ -70,7 +70,10 @@ def test_a_ten_percent_step_time_error_fails_the_calibration_points(slower):
         case.config = {**case.config, "hardware": card}
         if "speculative_config" in case.config:
             sc = dict(case.config["speculative_config"])
-            sc["draft_pass_overhead_s"] = 0.65e-3 * slower
+            from servesim.speculation.config import SpeculativeConfig
+
+            default = SpeculativeConfig.model_fields["draft_pass_overhead_s"].default
+            sc["draft_pass_overhead_s"] = default * slower
             case.config["speculative_config"] = sc
         r = run_case(type(lc)(case, lc.file, lc.index))
         assert not r.within, (lc.case.name, r.simulated)
