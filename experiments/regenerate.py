@@ -20,7 +20,9 @@ Steps (README section: command):
 * ``seed``: ``experiments/seed/lesson_examples.py`` and the Example 12 sweeps;
 * ``tune-k``: ``servesim tune-k`` as experiments/tune-k/README.md runs it;
 * ``capacity``: the capacity searches of README.md and experiments/capacity/README.md, the speculation
-  sweeps against the rate and on Mooncake, and ``speculation_capacity.py``.
+  sweeps against the rate and on Mooncake, and ``speculation_capacity.py``;
+* ``lesson-mechanics``: the runs and sweeps of experiments/lesson-mechanics/README.md (its figure goes to
+  ``experiments/lesson-mechanics/figures/``).
 """
 
 from __future__ import annotations
@@ -35,18 +37,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "out"
 LOGS = OUT / "regenerate"
-FIGURES = ROOT / "docs" / "figures"
 SERVESIM = [sys.executable, "-c", "import sys; from servesim.cli import main; sys.exit(main())"]
 PY = [sys.executable]
 EAGLE3 = "{method: eagle, num_speculative_tokens: 3, acceptance: eagle-llama3.1-8b-sharegpt-k3}"
 NGRAM3 = "{method: ngram, num_speculative_tokens: 3, acceptance: ngram-llama3.1-8b-sharegpt-k3}"
 CAPACITY = ["--slo", "ttft_p99=0.5", "--slo", "tpot_p99=0.05", "--replications", "1", "--max-requests", "3000"]
 
-# step name -> list of (command, figure copies [(file under out/, name in docs/figures/)])
+# step name -> list of (command, figure copies [(file under out/, destination relative to the repository)])
 STEPS: dict[str, list[tuple[list[str], list[tuple[str, str]]]]] = {
     "main": [
         (SERVESIM + ["run", "experiments/azure-conv-llama8b-h100.yaml", "--out", "out/azure-conv"],
-         [("azure-conv/latency.png", "azure-conv-latency.png")]),
+         [("azure-conv/latency.png", "docs/figures/azure-conv-latency.png")]),
         (SERVESIM + ["run", "experiments/azure-conv-llama8b-h100.yaml", "--out", "out/azure-conv-4x", "--no-plot",
                      "--set", "workload.rate_scale=4"], []),
         (SERVESIM + ["run", "experiments/azure-conv-llama8b-h100.yaml", "--out", "out/eagle", "--no-plot",
@@ -61,28 +62,28 @@ STEPS: dict[str, list[tuple[list[str], list[tuple[str, str]]]]] = {
     ],
     "hurts-8b": [
         (SERVESIM + ["sweep", "experiments/when-speculation-hurts.yaml", "--out", "out/when-hurts", "--jobs", "2"], []),
-        (SERVESIM + ["plot", "out/when-hurts"], [("when-hurts/speedup.png", "when-speculation-hurts-8b.png")]),
+        (SERVESIM + ["plot", "out/when-hurts"], [("when-hurts/speedup.png", "docs/figures/when-speculation-hurts-8b.png")]),
     ],
     "hurts-70b": [
         (SERVESIM + ["sweep", "experiments/when-speculation-hurts-70b.yaml", "--out", "out/when-hurts-70b",
                      "--jobs", "2"], []),
-        (SERVESIM + ["plot", "out/when-hurts-70b"], [("when-hurts-70b/speedup.png", "when-speculation-hurts-70b.png")]),
+        (SERVESIM + ["plot", "out/when-hurts-70b"], [("when-hurts-70b/speedup.png", "docs/figures/when-speculation-hurts-70b.png")]),
     ],
     "seed": [
         (PY + ["experiments/seed/lesson_examples.py"], []),
         (SERVESIM + ["sweep", "experiments/seed/example12.yaml", "--out", "out/example12", "--jobs", "2"], []),
-        (SERVESIM + ["plot", "out/example12"], [("example12/speedup.png", "example12-speedup.png")]),
+        (SERVESIM + ["plot", "out/example12"], [("example12/speedup.png", "docs/figures/example12-speedup.png")]),
         (SERVESIM + ["sweep", "experiments/seed/example12-alpha.yaml", "--out", "out/example12-alpha", "--jobs", "2"], []),
     ],
     "tune-k": [
         (SERVESIM + ["tune-k", "experiments/tune-k/llama8b-h100-eagle.yaml", "--replications", "3",
                      "--requests-per-client", "16", "--jobs", "2", "--out", "out/tune-k"],
-         [("tune-k/tune_k.png", "tune-k-llama8b-h100-eagle.png")]),
+         [("tune-k/tune_k.png", "docs/figures/tune-k-llama8b-h100-eagle.png")]),
     ],
     "capacity": [
         (SERVESIM + ["capacity", "experiments/capacity/azure-conv-llama8b-h100.yaml", *CAPACITY,
                      "--out", "out/capacity/azure-conv-h100"],
-         [("capacity/azure-conv-h100/slo_attainment.png", "capacity-azure-conv-h100.png")]),
+         [("capacity/azure-conv-h100/slo_attainment.png", "docs/figures/capacity-azure-conv-h100.png")]),
         (SERVESIM + ["capacity", "experiments/capacity/azure-conv-llama8b-h200.yaml", *CAPACITY,
                      "--out", "out/capacity/azure-conv-h200"], []),
         (SERVESIM + ["capacity", "experiments/capacity/azure-code-llama8b-h100.yaml", *CAPACITY,
@@ -91,17 +92,27 @@ STEPS: dict[str, list[tuple[list[str], list[tuple[str, str]]]]] = {
                      "--out", "out/capacity/azure-code-h200"], []),
         (SERVESIM + ["capacity", "experiments/azure-conv-llama8b-h100.yaml", "--slo", "ttft_p99=0.5", "--slo",
                      "tpot_p99=0.05", "--replications", "1", "--out", "out/capacity/azure-conv-h100-full"], []),
-        (SERVESIM + ["run", "experiments/azure-conv-llama8b-h100.yaml", "--out", "out/azure-conv-4x-eagle",
-                     "--no-plot", "--set", "workload.rate_scale=4", "--set", f"speculative_config={EAGLE3}"], []),
-        (SERVESIM + ["run", "experiments/azure-conv-llama8b-h100.yaml", "--out", "out/azure-conv-4x-ngram",
-                     "--no-plot", "--set", "workload.rate_scale=4", "--set", f"speculative_config={NGRAM3}"], []),
         (SERVESIM + ["sweep", "experiments/capacity/speculation-vs-rate.yaml", "--out", "out/spec-vs-rate",
                      "--jobs", "2"], []),
         (SERVESIM + ["plot", "out/spec-vs-rate", "--x", "rate_scale", "--slo", "tpot_p99=0.05"],
-         [("spec-vs-rate/latency_vs_throughput.png", "speculation-vs-rate.png")]),
+         [("spec-vs-rate/latency_vs_throughput.png", "docs/figures/speculation-vs-rate.png")]),
         (SERVESIM + ["sweep", "experiments/capacity/mooncake-speculation.yaml", "--out", "out/mooncake-spec",
                      "--jobs", "2"], []),
         (PY + ["experiments/capacity/speculation_capacity.py"], []),
+    ],
+    "lesson-mechanics": [
+        (SERVESIM + ["run", "experiments/lesson-mechanics/ex01-02-greedy-alpha.yaml", "--out", "out/lm-ex01",
+                     "--no-plot"], []),
+        (SERVESIM + ["run", "experiments/lesson-mechanics/ex01-02-greedy-alpha.yaml", "--out", "out/lm-ex01p",
+                     "--no-plot", "--set", "speculative_config=null"], []),
+        (PY + ["experiments/lesson-mechanics/ex05_10_temperature.py"], []),
+        (SERVESIM + ["sweep", "experiments/lesson-mechanics/ex05-10-temperature.yaml", "--out", "out/lm-ex05"], []),
+        (SERVESIM + ["run", "experiments/lesson-mechanics/ex06-ngram-from-pairs.yaml", "--out", "out/lm-ex06",
+                     "--no-plot"], []),
+        (SERVESIM + ["run", "experiments/lesson-mechanics/ex06-ngram-from-pairs.yaml", "--out", "out/lm-ex06p",
+                     "--no-plot", "--set", "speculative_config=null"], []),
+        (SERVESIM + ["sweep", "experiments/lesson-mechanics/ex09-tree-vs-chain.yaml", "--out", "out/lm-ex09"], []),
+        (SERVESIM + ["plot", "out/lm-ex09"], [("lm-ex09/speedup.png", "experiments/lesson-mechanics/figures/ex09-speedup.png")]),
     ],
 }
 
@@ -123,8 +134,8 @@ def run_step(name: str) -> float:
                 source = OUT / src
                 if not source.is_file():
                     sys.exit(f"regenerate: step {name!r}: expected figure {source} was not written")
-                FIGURES.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(source, FIGURES / dst)
+                (ROOT / dst).parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(source, ROOT / dst)
             fh.write("\n")
     return time.perf_counter() - start
 
