@@ -31,7 +31,7 @@ def test_default_folder_has_the_required_cases():
     assert all(lc.case.fast for lc in FAST_CASES) and len(FAST_CASES) >= 10
 
 
-FIT_CASES = [lc for lc in FAST_CASES if lc.case.role == "fit" or lc.file.name == "seed-lesson.yaml"]
+FIT_CASES = [lc for lc in FAST_CASES if lc.case.role in ("fit", "closed_form")]
 
 
 @pytest.mark.parametrize("lc", FIT_CASES, ids=[lc.case.name for lc in FIT_CASES])

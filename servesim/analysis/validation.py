@@ -113,8 +113,9 @@ class ValidationCase(_Strict):
     fast: bool = False
     tolerance: float = Field(0.10, gt=0, lt=1)
     tolerance_source: str = Field("", description="why this tolerance: the source's own uncertainty")
-    role: Literal["fit", "prediction"] = Field(
-        "prediction", description="fit: a servesim parameter was fitted to this figure; prediction: not")
+    role: Literal["fit", "prediction", "closed_form"] = Field(
+        "prediction", description="fit: a servesim parameter was fitted to this figure; prediction: not; "
+        "closed_form: a formula the engine must reproduce (the seed lesson)")
     notes: str = ""
 
     @model_validator(mode="after")
