@@ -181,7 +181,10 @@ class StepTimeModel:
 
     def base_ps(self, num_tokens: int, num_logits: int, num_requests: int) -> int:
         """Context-free step time (integer ps): ``tokens_ps(T, n_logits) + request_ps_per_request * R``."""
-        return self.tokens_ps(num_tokens, num_logits) + self.request_ps_per_request * num_requests
+        v = self._base_cache.get((num_tokens, num_logits))  # the engine's hot path: no second call on a hit
+        if v is None:
+            v = self.tokens_ps(num_tokens, num_logits)
+        return v + self.request_ps_per_request * num_requests
 
     def step_ps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int, num_requests: int = 0) -> int:
         """Duration of one step (integer ps).
@@ -319,13 +322,21 @@ def build_step_time_model(
     def weight_read_s(num_tokens, _lb=linear_bytes, _lm=w_lm, _bw=eff_bw):
         return (_lb(num_tokens) + _lm) / _bw
 
+    p = float(hardware.gemm_transition_exponent)
+    launch = float(hardware.gemm_launch_s)
+    inv_bw, inv_peak = 1.0 / eff_bw, 1.0 / eff_peak
+    fixed = ew_fixed + ar_fixed + n_gemm * launch
+    per_token = ew_per_token + ar_per_token
+    lm_memory = w_lm * inv_bw
+
     def context_free_s(num_tokens, num_logits):
+        # gemm_time_s and elementwise_time_s with the card's fields read once (the same arithmetic)
         t = overhead
         if num_tokens:
-            t += gemm_time_s(hardware, linear_bytes(num_tokens), f_lin * num_tokens, n_gemm, peak)
-            t += ew_fixed + ew_per_token * num_tokens + ar_fixed + ar_per_token * num_tokens
+            t += smooth_max(linear_bytes(num_tokens) * inv_bw, f_lin * num_tokens * inv_peak, p)
+            t += fixed + per_token * num_tokens
         if num_logits and (w_lm or f_lm):
-            t += gemm_time_s(hardware, w_lm, f_lm * num_logits, 1, peak) + sampler_per_logit * num_logits
+            t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
         return t
 
     kv_bw = float(hardware.attention_bandwidth_efficiency) * bw

@@ -81,3 +81,43 @@ def test_moe_reads_only_touched_experts():
     emb = m.param_counts.input_embedding * 2.0
     assert model.weight_read_s(1000) == pytest.approx(
         (m.weight_bytes - emb) / 2 / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_calibrated_step_is_the_documented_sum_of_its_terms(tp, speculative):
+    # servesim/roofline.py's formula, term by term, from the public helpers and the card's fields
+    from servesim.roofline import (ELEMENTWISE_OPS_PER_LAYER, GEMMS_PER_LAYER, elementwise_bytes_per_token,
+                                   elementwise_time_s, gemm_time_s)
+
+    hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
+    st = build_step_time_model(hw, m, tp, "calibrated", speculative=speculative)
+    peak, bw, L = hw.peak_flops_per_s["bf16"], hw.memory_bandwidth_bytes_per_s, m.num_hidden_layers
+    emb_and_lm_head = 2 * m.vocab_size * m.hidden_size * 2.0  # untied, bf16
+    ew = elementwise_bytes_per_token(m.hidden_size, m.num_attention_heads, m.num_key_value_heads,
+                                     m.head_dim, m.intermediate_size, tp)
+    passes = hw.sampler_passes_per_logit + (hw.rejection_sampler_passes_per_logit if speculative else 0.0)
+    link = hw.interconnect_bandwidth_bytes_per_s / 2 * hw.interconnect_efficiency
+    for tokens, logits, requests in ((1, 1, 1), (300, 64, 64), (4096, 1, 1)):
+        allreduce = 0.0 if tp == 1 else 2 * L * (hw.allreduce_latency_s
+                                                 + 2 * (tp - 1) / tp * tokens * m.hidden_size * 2 / link)
+        expected = (
+            hw.step_overhead_s + requests * hw.per_request_s
+            + gemm_time_s(hw, (m.weight_bytes_read(tokens) - emb_and_lm_head) / tp,
+                          m.linear_flops_per_token / tp * tokens, GEMMS_PER_LAYER * L, peak)
+            + elementwise_time_s(hw, L * ew * tokens, ELEMENTWISE_OPS_PER_LAYER * L)
+            + allreduce
+            + gemm_time_s(hw, m.vocab_size * m.hidden_size * 2.0 / tp, m.lm_head_flops_per_token / tp * logits,
+                          1, peak)
+            + logits * m.vocab_size * 4 * passes / (hw.bandwidth_efficiency * bw)
+        )
+        assert st.base_s(tokens, logits, requests) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_verify_tokens_are_not_free_below_the_ridge_point():
+    # issue 9: the plain max() made every token below ~290 free on an H100; measured GEMMs (and the model)
+    # cost more from the first tens of tokens on
+    st = build_step_time_model(load_hardware("h100-sxm"), load_model("llama-3.1-8b"), 1)
+    times = [st.base_s(t, 1, 1) for t in (1, 32, 64, 128, 256)]
+    assert all(b > a for a, b in zip(times, times[1:]))
+    assert times[3] > 1.10 * times[0]  # 128 tokens: > 10% more than 1 (Vidur's Llama-2-7B layer: +15%)
