@@ -1,6 +1,6 @@
 """Regenerate every number and figure of README.md and experiments/ that depends on step times.
 
-    python experiments/regenerate.py            # everything (~6-8 min on 2 cores)
+    python experiments/regenerate.py            # everything (5.4 min on 2 idle cores, ~10 min busy)
     python experiments/regenerate.py --only main,validation
 
 Runs the commands the READMEs quote, in order, from the repository root, with the installed servesim

@@ -55,8 +55,10 @@ Exactness. Durations are integers of the engine clock (picoseconds): ``d = base_
 kv_ps * sum ctx + attn_ps * sum pairs`` with integer per-token and per-pair coefficients. A run of
 identical decode steps therefore has durations ``D0 + j * Delta`` exactly (``T``, ``n_logits`` and ``R``
 are constant over it), and the fast path can sum a run in closed form and still agree bit for bit with
-stepping one step at a time. The coefficients are rounded once to whole picoseconds
-(:attr:`StepTimeModel.coefficient_rounding_error` reports the relative error).
+stepping one step at a time. The coefficients are rounded once to whole picoseconds: the KV
+coefficient (tens of thousands of ps per token) errs below 1e-4, the attention coefficient (hundreds of ps
+per pair; 10 ps for Llama-3.2-1B on 8 B200s) by up to a few percent for small models at high TP
+(:attr:`StepTimeModel.coefficient_rounding_error` reports the larger relative error).
 """
 
 from __future__ import annotations
