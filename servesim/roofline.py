@@ -34,7 +34,8 @@ card (see ``hardware/README.md``):
   sampler (vLLM ``v1/sample/sampler.py``: logits written by the lm_head, then temperature, softmax/log-softmax
   and the argmax or sampling read them); ``rejection_sampler_passes_per_logit`` is added for a speculative
   engine (``v1/sample/rejection_sampler.py``: target probabilities, acceptance test and recovered
-  distribution over every verified position).
+  distribution over every verified position), on every step of a speculative engine (also those whose
+  requests carry no drafts: a simplification).
 * ``attention_bandwidth_efficiency`` (eta_kv): the KV-cache read (no attention profiles were available).
 * ``per_request_s`` (t_req) and ``step_overhead_s`` (t_step): CPU work per scheduled request and per step,
   fitted to batch-1 and small-batch decode measurements (``experiments/calibration/``).
