@@ -107,7 +107,7 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
     env.run()
     out = runner.output()
     slo = cfg.slo.model_dump(exclude_none=True) if cfg.slo is not None else None
-    summary = summarize(out, slo=slo or None)
+    summary = summarize(out, slo=slo or None, measure=cfg.simulation.measure)
     if cfg.deployment.replicas > 1:
         per_replica = [summarize(o, slo=slo or None) for o in runner.replica_outputs()]
         summary["replicas"] = per_replica

@@ -1,31 +1,65 @@
-"""Step time from the roofline: bytes against bandwidth, FLOPs against peak compute.
+"""Step time from the roofline: bytes against bandwidth, FLOPs against peak compute, with the measured shape.
 
 One engine step runs one forward pass of the target model over ``T`` scheduled tokens (prefill chunks,
-decode tokens and draft tokens to verify) of a batch of requests. Its duration is modelled as::
+decode tokens and draft tokens to verify) of ``R`` requests. In the ``calibrated`` mode its duration is,
+per GPU of a tensor-parallel group of size ``TP`` (weights, FLOPs and KV bytes divided by TP)::
 
-    t = t_overhead
-        + max(W(T) / (eta_bw * BW),  (F_lin * T + F_lm * n_logits) / (eta_c * P))   # weights vs. linear layers
-        + KV_bytes_per_token * sum_i ctx_i / (eta_bw * BW)                            # KV read once per request
-        + F_attn_pair * sum_i pairs_i / (eta_c * P)                                    # attention FLOPs
-        + t_allreduce(T)                                                               # tensor parallelism
+    t = t_step                                               step_overhead_s (CPU/engine, per step)
+        + R * t_req                                          per_request_s (input preparation, metadata)
+        + G(W_lin(T), F_lin * T, 4 L)                        linear layers (GEMMs)
+        + L * (n_ew * t_ew + T * B_ew / (eta_ew * BW))       non-GEMM per-token operators
+        + G(W_lm, F_lm * n_logits, 1)                        lm_head over the logit positions
+        + n_logits * V * 4 B * s / (eta_bw * BW)             sampler (+ rejection sampler when speculating)
+        + KV_bytes_per_token * sum_i ctx_i / (eta_kv * BW)   attention: KV read once per request
+        + F_attn_pair * sum_i pairs_i / (eta_c * P)          attention: score and value FLOPs
+        + t_allreduce(T)                                     tensor parallelism
 
-where, per GPU of a tensor-parallel group of size TP, weights, KV bytes and FLOPs are divided by TP;
-``W(T)`` is the weight bytes read (MoE: the experts touched, ``min(T * top_k, E)``); ``ctx_i`` is the
-number of tokens request ``i`` attends over in the step (its computed tokens plus the new ones), read
-once per request per step also when it verifies ``1 + k`` tokens; ``pairs_i`` is the number of causal
-(query, key) pairs of its new tokens: ``q * c + q * (q + 1) / 2`` for ``q`` new tokens after ``c``
-computed ones; ``n_logits`` the positions whose logits are computed (one per sampling request, ``1 + k``
-when verifying drafts). ``t_allreduce`` is two ring all-reduces per layer of ``T x hidden`` activations:
-``2 L (latency + 2 (TP-1)/TP * T * D * b / (eta_ic * BW_ic / 2))``. Sources: ``docs/reference/roofline.md``
-(the project's reference notes); Vidur's profiled H100 efficiencies; vLLM V1 per-step overhead.
+with the GEMM time of a group of ``n`` GEMMs reading ``W`` bytes of weights and doing ``F`` FLOPs::
 
-The ``ideal`` mode is the seed lesson's form (Example 12): efficiency 1, no overhead, no KV traffic, no
-attention or all-reduce term, ``t = max(W / BW, T * F_token / P)``.
+    G(W, F, n) = ((W / (eta_bw BW))^p + (F / (eta_c P))^p)^(1/p) + n * t_gemm
 
-Exactness. Durations are integers of picoseconds: ``d = base_ps(T, n_logits) + kv_ps * sum ctx +
-attn_ps * sum pairs`` with integer per-token and per-pair coefficients (rounded once, relative error
-below 1e-4). A run of identical decode steps therefore has durations ``D0 + j * Delta`` exactly, and the
-fast path can sum a run in closed form and still agree bit for bit with stepping one step at a time.
+a smooth maximum of the two roofs: it equals the memory floor at few tokens and the compute line at many,
+and between them (near the ridge point, where verify batches of ``batch x (1 + k)`` tokens live) costs up
+to ``2^(1/p)`` times the plain ``max``, as measured GEMMs do. The parameters, all fields of the hardware
+card (see ``hardware/README.md``):
+
+* ``bandwidth_efficiency`` (eta_bw), ``compute_efficiency`` (eta_c), ``gemm_transition_exponent`` (p),
+  ``gemm_launch_s`` (t_gemm): fitted per GPU class to the linear-layer times of Vidur's operator
+  profiles (``docs/reference/kernel-profiles/``, every model, token count 1-4096 and TP degree) by
+  ``experiments/calibration/fit_kernel_profiles.py``.
+* ``elementwise_bandwidth_efficiency`` (eta_ew) and ``elementwise_launch_s`` (t_ew): fitted the same way
+  to the profiles' non-GEMM operators (two RMSNorms, rotary embedding, activation, residual add:
+  ``n_ew = 5`` per layer). ``B_ew`` is their bytes moved per token and layer (:func:`elementwise_bytes_per_token`).
+* ``sampler_passes_per_logit`` (s): full passes over one position's fp32 logits (``V x 4`` bytes) by the
+  sampler (vLLM ``v1/sample/sampler.py``: logits written by the lm_head, then temperature, softmax/log-softmax
+  and the argmax or sampling read them); ``rejection_sampler_passes_per_logit`` is added for a speculative
+  engine (``v1/sample/rejection_sampler.py``: target probabilities, acceptance test and recovered
+  distribution over every verified position), on every step of a speculative engine (also those whose
+  requests carry no drafts: a simplification).
+* ``attention_bandwidth_efficiency`` (eta_kv): the KV-cache read (no attention profiles were available).
+* ``per_request_s`` (t_req) and ``step_overhead_s`` (t_step): CPU work per scheduled request and per step,
+  fitted to batch-1 and small-batch decode measurements (``experiments/calibration/``).
+
+``W_lin(T)`` is the bytes of the transformer layers' matrices read by a pass over ``T`` tokens (MoE: the
+experts touched, ``min(T * top_k, E)``); embedding lookups read ``T`` rows only and are neglected; ``W_lm =
+V x D`` bytes of the lm_head. ``ctx_i`` is the number of tokens request ``i`` attends over (its computed
+tokens plus the new ones), read once per request per step also when it verifies ``1 + k`` tokens;
+``pairs_i = q c + q (q + 1) / 2`` causal (query, key) pairs for ``q`` new tokens after ``c`` computed;
+``n_logits`` the positions whose logits are computed (one per sampling request, ``1 + k`` when verifying).
+``t_allreduce`` is two ring all-reduces per layer of ``T x hidden`` activations:
+``2 L (latency + 2 (TP-1)/TP * T * D * b / (eta_ic * BW_ic / 2))``.
+
+The ``ideal`` mode is the seed lesson's form (Example 12), unchanged: efficiency 1, no overhead, no KV
+traffic, no attention, sampler or all-reduce term, ``t = max(W / BW, (F_lin T + F_lm n_logits) / P)``.
+
+Exactness. Durations are integers of the engine clock (picoseconds): ``d = base_ps(T, n_logits, R) +
+kv_ps * sum ctx + attn_ps * sum pairs`` with integer per-token and per-pair coefficients. A run of
+identical decode steps therefore has durations ``D0 + j * Delta`` exactly (``T``, ``n_logits`` and ``R``
+are constant over it), and the fast path can sum a run in closed form and still agree bit for bit with
+stepping one step at a time. The coefficients are rounded once to whole picoseconds: the KV
+coefficient (tens of thousands of ps per token) errs below 1e-4, the attention coefficient (hundreds of ps
+per pair; 10 ps for Llama-3.2-1B on 8 B200s) by up to a few percent for small models at high TP
+(:attr:`StepTimeModel.coefficient_rounding_error` reports the larger relative error).
 """
 
 from __future__ import annotations
@@ -37,13 +71,74 @@ from typing import Literal
 PS_PER_S = 10**12
 """Picoseconds per second: the engine's integer clock unit."""
 
+LOGIT_BYTES = 4
+"""Bytes per logit element: vLLM computes and samples logits in fp32."""
+
+ELEMENTWISE_OPS_PER_LAYER = 5
+"""Non-GEMM operators of one decoder layer as profiled by Vidur: input and post-attention RMSNorm, rotary
+embedding, activation (SiLU-and-mul), residual add (``docs/reference/kernel-profiles/SOURCES.md``)."""
+
+GEMMS_PER_LAYER = 4
+"""GEMMs of one decoder layer: fused QKV, attention output, fused gate+up, down projection."""
+
+
+def smooth_max(a: float, b: float, exponent: float) -> float:
+    """``(a^p + b^p)^(1/p)`` for ``a, b >= 0``: ``max(a, b)`` as ``p -> inf``, ``a + b`` at ``p = 1``."""
+    if a <= 0.0 or b <= 0.0:
+        return a if b <= 0.0 else b
+    hi, lo = (a, b) if a >= b else (b, a)
+    return hi * (1.0 + (lo / hi) ** exponent) ** (1.0 / exponent)
+
+
+def gemm_time_s(hardware, weight_bytes: float, flops: float, num_gemms: float, peak_flops_per_s: float) -> float:
+    """Time (s) of ``num_gemms`` GEMMs reading ``weight_bytes`` bytes and doing ``flops`` FLOPs on one GPU.
+
+    ``G = smooth_max(W / (eta_bw BW), F / (eta_c P), p) + num_gemms * gemm_launch_s`` with the card's
+    ``bandwidth_efficiency``, ``compute_efficiency``, ``gemm_transition_exponent`` and ``gemm_launch_s``
+    (fitted to Vidur's GEMM profiles, ``docs/reference/kernel-profiles/``).
+
+    Args:
+        hardware: a :class:`servesim.cards.HardwareCard`.
+        weight_bytes: bytes of weights read (per GPU).
+        flops: FLOPs of the GEMMs (per GPU); 0 gives the launch cost only.
+        num_gemms: kernels launched.
+        peak_flops_per_s: the dense tensor peak for the compute type (FLOP/s).
+    """
+    memory = weight_bytes / (hardware.bandwidth_efficiency * hardware.memory_bandwidth_bytes_per_s)
+    compute = flops / (hardware.compute_efficiency * peak_flops_per_s)
+    return smooth_max(memory, compute, hardware.gemm_transition_exponent) + num_gemms * hardware.gemm_launch_s
+
+
+def elementwise_time_s(hardware, bytes_moved: float, num_ops: float) -> float:
+    """Time (s) of ``num_ops`` memory-bound non-GEMM kernels moving ``bytes_moved`` bytes on one GPU:
+    ``num_ops * elementwise_launch_s + bytes / (elementwise_bandwidth_efficiency * BW)``."""
+    bw = hardware.elementwise_bandwidth_efficiency * hardware.memory_bandwidth_bytes_per_s
+    return num_ops * hardware.elementwise_launch_s + bytes_moved / bw
+
+
+def elementwise_bytes_per_token(hidden_size: int, q_heads: int, kv_heads: int, head_dim: int,
+                                mlp_width: float, tensor_parallel_size: int, act_bytes: int = 2,
+                                gated_mlp: bool = True) -> float:
+    """Bytes one token moves per decoder layer through the non-GEMM operators, per GPU.
+
+    Two RMSNorms (read and write ``D``: ``2 x 2 D b``), the residual add (read ``2 D``, write ``D``:
+    ``3 D b``), both on the full width on every TP rank; rotary embedding on this rank's q and k heads (read
+    and write: ``2 (H_q + H_kv) d b / TP``); the activation (gated: read ``2 F``, write ``F``; else read and
+    write ``F``: ``3 F b / TP`` or ``2 F b / TP``), ``b`` bytes per activation element (bf16: 2).
+    """
+    tp = tensor_parallel_size
+    full = (4 * hidden_size + 3 * hidden_size) * act_bytes
+    rope = 2 * (q_heads + kv_heads) * head_dim * act_bytes / tp
+    act = (3 if gated_mlp else 2) * mlp_width * act_bytes / tp
+    return full + rope + act
+
 
 @dataclass
 class StepTimeModel:
     """Integer-picosecond step-time model for one model on one tensor-parallel group.
 
     Build it with :func:`build_step_time_model`. Call :meth:`step_ps` for any step, or use
-    ``base_ps(T, n_logits)`` plus the linear coefficients for runs of decode steps.
+    ``base_ps(T, n_logits, R)`` plus the linear coefficients for runs of decode steps.
 
     Attributes:
         mode: ``"calibrated"`` or ``"ideal"``.
@@ -51,40 +146,50 @@ class StepTimeModel:
         attn_ps_per_pair: time of the attention FLOPs of one (query, key) pair (ps per pair).
         decode_ps_per_token: ``kv_ps_per_token + attn_ps_per_pair``: the growth of a decode step's
             time per context token (a decode token attends over its context once).
+        request_ps_per_request: ``per_request_s`` of the card in ps (an integer coefficient, like the two
+            above, so that runs of identical steps stay exact).
+        coefficient_rounding_error: largest relative error of the integer coefficients against their
+            exact values (0 when both are 0).
     """
 
     mode: str
-    weight_read_s: object  # callable T -> seconds for the weight read (vectorisable)
+    context_free_s: object  # callable (tokens, logits) -> seconds without the per-request term
     linear_s_per_token: float
     lm_head_s_per_logit: float
-    overhead_s: float
-    allreduce_fixed_s: float
-    allreduce_s_per_token: float
+    weight_read_s: object  # callable T -> seconds for the weight read at the effective bandwidth
     kv_ps_per_token: int
     attn_ps_per_pair: int
+    request_ps_per_request: int = 0
+    coefficient_rounding_error: float = 0.0
     _base_cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def decode_ps_per_token(self) -> int:
         return self.kv_ps_per_token + self.attn_ps_per_pair
 
-    def base_s(self, num_tokens: int, num_logits: int) -> float:
-        """Step time without the context-dependent terms (s): overhead, max(weights, linear), all-reduce."""
-        weights = self.weight_read_s(num_tokens)
-        compute = self.linear_s_per_token * num_tokens + self.lm_head_s_per_logit * num_logits
-        allreduce = self.allreduce_fixed_s + self.allreduce_s_per_token * num_tokens if num_tokens else 0.0
-        return self.overhead_s + max(weights, compute) + allreduce
+    def base_s(self, num_tokens: int, num_logits: int, num_requests: int) -> float:
+        """Step time without the context-dependent terms (s): everything but the KV read and attention
+        FLOPs, for ``num_tokens`` scheduled tokens, ``num_logits`` logit positions and ``num_requests``
+        scheduled requests (see :meth:`base_ps`)."""
+        return self.base_ps(num_tokens, num_logits, num_requests) / PS_PER_S
 
-    def base_ps(self, num_tokens: int, num_logits: int) -> int:
-        """:meth:`base_s` rounded to integer picoseconds (cached per (tokens, logits))."""
+    def tokens_ps(self, num_tokens: int, num_logits: int) -> int:
+        """The part of :meth:`base_ps` that depends on tokens and logits only (integer ps, cached)."""
         key = (num_tokens, num_logits)
         v = self._base_cache.get(key)
         if v is None:
-            v = round(self.base_s(num_tokens, num_logits) * PS_PER_S)
+            v = round(self.context_free_s(num_tokens, num_logits) * PS_PER_S)
             self._base_cache[key] = v
         return v
 
-    def step_ps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int) -> int:
+    def base_ps(self, num_tokens: int, num_logits: int, num_requests: int) -> int:
+        """Context-free step time (integer ps): ``tokens_ps(T, n_logits) + request_ps_per_request * R``."""
+        v = self._base_cache.get((num_tokens, num_logits))  # the engine's hot path: no second call on a hit
+        if v is None:
+            v = self.tokens_ps(num_tokens, num_logits)
+        return v + self.request_ps_per_request * num_requests
+
+    def step_ps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int, num_requests: int = 0) -> int:
         """Duration of one step (integer ps).
 
         Args:
@@ -92,15 +197,18 @@ class StepTimeModel:
             num_logits: positions whose logits are computed (sampling requests, 1 + k when verifying).
             kv_tokens: sum over scheduled requests of the tokens attended over (context incl. new).
             attn_pairs: sum over scheduled requests of causal (query, key) pairs.
+            num_requests: requests scheduled in the step (R; the engine always passes it, 0 leaves out
+                the per-request term).
         """
-        return self.base_ps(num_tokens, num_logits) + self.kv_ps_per_token * kv_tokens + self.attn_ps_per_pair * attn_pairs
+        return (self.base_ps(num_tokens, num_logits, num_requests) + self.kv_ps_per_token * kv_tokens
+                + self.attn_ps_per_pair * attn_pairs)
 
-    def step_s(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int) -> float:
+    def step_s(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int, num_requests: int = 0) -> float:
         """Duration of one step in seconds (see :meth:`step_ps`)."""
-        return self.step_ps(num_tokens, num_logits, kv_tokens, attn_pairs) / PS_PER_S
+        return self.step_ps(num_tokens, num_logits, kv_tokens, attn_pairs, num_requests) / PS_PER_S
 
     def compute_bound_tokens(self) -> float:
-        """Tokens per step above which the linear layers take longer than the weight read (dense models)."""
+        """Tokens per step above which the linear layers' compute line passes the weight read (dense)."""
         per_token = self.linear_s_per_token + self.lm_head_s_per_logit
         return self.weight_read_s(1) / per_token if per_token > 0 else math.inf
 
@@ -117,21 +225,49 @@ def compute_dtype(model, hardware) -> str:
     return "bf16" if "bf16" in peaks else next(iter(peaks))
 
 
+def _lm_head_and_embedding_bytes(model) -> tuple[float, float]:
+    """(bytes of the lm_head GEMM's weights, bytes of embedding + untied lm_head inside weight_bytes_read)."""
+    if model.is_explicit:
+        return 0.0, 0.0
+    from servesim.cards.dtypes import bytes_per_element
+
+    emb_b = bytes_per_element(model.resolved_embedding_dtype)
+    pc = model.param_counts
+    return float(model.vocab_size) * float(model.hidden_size) * emb_b, (pc.input_embedding + pc.lm_head) * emb_b
+
+
+def _model_elementwise_bytes(model, tp: int) -> float:
+    """Non-GEMM bytes per token and layer (see :func:`elementwise_bytes_per_token`); 0 for explicit cards."""
+    if model.is_explicit:
+        return 0.0
+    if model.num_experts:
+        width = model.resolved_moe_intermediate_size * (model.num_experts_per_tok + model.num_shared_experts)
+    else:
+        width = float(model.intermediate_size or 0)
+    return elementwise_bytes_per_token(int(model.hidden_size), int(model.num_attention_heads),
+                                       int(model.num_key_value_heads or model.num_attention_heads),
+                                       int(model.resolved_head_dim), width, tp)
+
+
 def build_step_time_model(
     hardware,
     model,
     tensor_parallel_size: int = 1,
     mode: Literal["calibrated", "ideal"] = "calibrated",
+    speculative: bool = False,
+    step_overhead: bool = True,
 ) -> StepTimeModel:
     """Build the step-time model of ``model`` served on ``tensor_parallel_size`` GPUs of ``hardware``.
 
     Args:
         hardware: a :class:`servesim.cards.HardwareCard` (bandwidth in B/s, peaks in FLOP/s, efficiency
-            factors, per-step overhead in s).
+            factors, launch and overhead times in s).
         model: a :class:`servesim.cards.ModelCard` (weight bytes, FLOPs per token, KV bytes per token).
         tensor_parallel_size: TP degree; weights, KV and FLOPs are split evenly over the TP GPUs.
-        mode: ``"calibrated"`` (efficiency factors, overhead, KV and attention terms, all-reduce) or
-            ``"ideal"`` (the seed lesson's Example 12 form).
+        mode: ``"calibrated"`` (the formula of this module) or ``"ideal"`` (the seed lesson's Example 12).
+        speculative: the engine verifies drafts: add the rejection sampler's passes per logit position.
+        step_overhead: include ``step_overhead_s`` and ``per_request_s`` (False for a drafter's passes,
+            which run inside the target's engine step).
 
     Raises:
         ValueError: ``tensor_parallel_size`` < 1 or an unknown mode.
@@ -143,47 +279,83 @@ def build_step_time_model(
         raise ValueError(f"unknown roofline mode {mode!r} (expected 'calibrated' or 'ideal')")
     peak = float(hardware.peak_flops_per_s[compute_dtype(model, hardware)])
     bw = float(hardware.memory_bandwidth_bytes_per_s)
+    f_lin = float(model.linear_flops_per_token) / tp
+    f_lm = float(model.lm_head_flops_per_token) / tp
     if mode == "ideal":
-        eta_bw = eta_c = 1.0
-        overhead = 0.0
+        def weight_read_s(num_tokens, _m=model, _tp=tp, _bw=bw):
+            return _m.weight_bytes_read(num_tokens) / _tp / _bw
+
+        def ideal_s(num_tokens, num_logits, _w=weight_read_s, _l=f_lin / peak, _h=f_lm / peak):
+            return max(_w(num_tokens), _l * num_tokens + _h * num_logits)
+
+        return StepTimeModel(mode=mode, context_free_s=ideal_s, linear_s_per_token=f_lin / peak,
+                             lm_head_s_per_logit=f_lm / peak, weight_read_s=weight_read_s,
+                             kv_ps_per_token=0, attn_ps_per_pair=0)
+    eff_bw = float(hardware.bandwidth_efficiency) * bw
+    eff_peak = float(hardware.compute_efficiency) * peak
+    w_lm, w_outside = _lm_head_and_embedding_bytes(model)
+    w_lm /= tp
+    layers = int(getattr(model, "num_hidden_layers", 0) or 0)
+    n_gemm = GEMMS_PER_LAYER * layers if layers else 1
+    ew_bytes = _model_elementwise_bytes(model, tp) * layers
+    ew_fixed = elementwise_time_s(hardware, 0.0, ELEMENTWISE_OPS_PER_LAYER * layers) if layers else 0.0
+    ew_per_token = ew_bytes / (float(hardware.elementwise_bandwidth_efficiency) * bw)
+    vocab = float(getattr(model, "vocab_size", 0) or 0)
+    passes = float(hardware.sampler_passes_per_logit)
+    if speculative:
+        passes += float(hardware.rejection_sampler_passes_per_logit)
+    sampler_per_logit = vocab * LOGIT_BYTES * passes / eff_bw
+    overhead = float(hardware.step_overhead_s) if step_overhead else 0.0
+    per_request = float(hardware.per_request_s) if step_overhead else 0.0
+    if tp > 1:
+        link = hardware.interconnect_bandwidth_bytes_per_s
+        if not link:
+            link = 64e9  # PCIe Gen4/5 x16 class fallback when the card names no scale-up link
+        per_direction = float(link) / 2.0 * float(hardware.interconnect_efficiency)
+        hidden = int(getattr(model, "hidden_size", 0) or 0)
+        act_bytes = 2  # bf16 activations
+        ar_fixed = 2 * layers * float(hardware.allreduce_latency_s)
+        ar_per_token = 2 * layers * 2 * (tp - 1) / tp * hidden * act_bytes / per_direction
     else:
-        eta_bw = float(hardware.bandwidth_efficiency)
-        eta_c = float(hardware.compute_efficiency)
-        overhead = float(hardware.step_overhead_s)
-    eff_bw = eta_bw * bw
-    eff_peak = eta_c * peak
-
-    def weight_read_s(num_tokens, _m=model, _tp=tp, _bw=eff_bw):
-        return _m.weight_bytes_read(num_tokens) / _tp / _bw
-
-    linear_s = float(model.linear_flops_per_token) / tp / eff_peak
-    lm_head_s = float(model.lm_head_flops_per_token) / tp / eff_peak
-    if mode == "ideal":
-        kv_ps = attn_ps = 0
         ar_fixed = ar_per_token = 0.0
-    else:
-        kv_ps = max(1, round(float(model.kv_bytes_per_token) / tp / eff_bw * PS_PER_S))
-        attn_ps = round(float(model.attention_flops_per_pair) / tp / eff_peak * PS_PER_S)
-        if tp > 1:
-            link = hardware.interconnect_bandwidth_bytes_per_s
-            if not link:
-                link = 64e9  # PCIe Gen4/5 x16 class fallback when the card names no scale-up link
-            per_direction = float(link) / 2.0 * float(hardware.interconnect_efficiency)
-            layers = int(getattr(model, "num_hidden_layers", 0) or 0)
-            hidden = int(getattr(model, "hidden_size", 0) or 0)
-            act_bytes = 2  # bf16 activations
-            ar_fixed = 2 * layers * float(hardware.allreduce_latency_s)
-            ar_per_token = 2 * layers * 2 * (tp - 1) / tp * hidden * act_bytes / per_direction
-        else:
-            ar_fixed = ar_per_token = 0.0
+
+    def linear_bytes(num_tokens, _m=model, _tp=tp, _out=w_outside):
+        return (_m.weight_bytes_read(num_tokens) - _out) / _tp
+
+    def weight_read_s(num_tokens, _lb=linear_bytes, _lm=w_lm, _bw=eff_bw):
+        return (_lb(num_tokens) + _lm) / _bw
+
+    p = float(hardware.gemm_transition_exponent)
+    launch = float(hardware.gemm_launch_s)
+    inv_bw, inv_peak = 1.0 / eff_bw, 1.0 / eff_peak
+    fixed = ew_fixed + ar_fixed + n_gemm * launch
+    per_token = ew_per_token + ar_per_token
+    lm_memory = w_lm * inv_bw
+
+    def context_free_s(num_tokens, num_logits):
+        # gemm_time_s and elementwise_time_s with the card's fields read once (the same arithmetic)
+        t = overhead
+        if num_tokens:
+            t += smooth_max(linear_bytes(num_tokens) * inv_bw, f_lin * num_tokens * inv_peak, p)
+            t += fixed + per_token * num_tokens
+        if num_logits and (w_lm or f_lm):
+            t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
+        return t
+
+    kv_bw = float(hardware.attention_bandwidth_efficiency) * bw
+    kv_exact = float(model.kv_bytes_per_token) / tp / kv_bw * PS_PER_S
+    attn_exact = float(model.attention_flops_per_pair) / tp / eff_peak * PS_PER_S
+    kv_ps = max(1, round(kv_exact)) if kv_exact > 0 else 0
+    attn_ps = round(attn_exact)
+    errors = [abs(c - e) / e for c, e in ((kv_ps, kv_exact), (attn_ps, attn_exact)) if e > 0]
     return StepTimeModel(
         mode=mode,
+        context_free_s=context_free_s,
+        linear_s_per_token=f_lin / eff_peak,
+        lm_head_s_per_logit=f_lm / eff_peak,
         weight_read_s=weight_read_s,
-        linear_s_per_token=linear_s,
-        lm_head_s_per_logit=lm_head_s,
-        overhead_s=overhead,
-        allreduce_fixed_s=ar_fixed,
-        allreduce_s_per_token=ar_per_token,
         kv_ps_per_token=kv_ps,
         attn_ps_per_pair=attn_ps,
+        request_ps_per_request=round(per_request * PS_PER_S),
+        coefficient_rounding_error=max(errors, default=0.0),
     )

@@ -126,7 +126,8 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
     seqs, budget = engine_limits(cfg, hardware)
     e = cfg.engine
     check_vllm_limits(cfg, model, seqs, budget)
-    step_time = build_step_time_model(hardware, model, tp, cfg.roofline.mode)
+    step_time = build_step_time_model(hardware, model, tp, cfg.roofline.mode,
+                                      speculative=cfg.speculative_config is not None)
     spec = drafter = None
     if cfg.speculative_config is not None:
         from servesim.config.loading import validate
@@ -179,8 +180,9 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         "workload": workload.description,
         "async_scheduling": resolve_async_scheduling(cfg, spec),
         "roofline_mode": cfg.roofline.mode,
-        "decode_step_s_batch1": step_time.base_s(1, 1),
+        "decode_step_s_batch1": step_time.base_s(1, 1, 1),
         "kv_s_per_token": step_time.kv_ps_per_token / PS_PER_S,
+        "step_time_coefficient_rounding_error": step_time.coefficient_rounding_error,
     }
     spec_setup = None
     if spec is not None:

@@ -10,34 +10,40 @@ from servesim.engine.core import Engine
 from servesim.roofline import PS_PER_S, StepTimeModel
 
 
+def _max_roofline(weights_s: float, per_token_s: float, per_logit_s: float, overhead_s: float):
+    """context_free_s of a StepTimeModel: overhead + max(weights, per_token T + per_logit n_logits) (s)."""
+    def context_free_s(tokens, logits):
+        return overhead_s + max(weights_s, per_token_s * tokens + per_logit_s * logits)
+    return context_free_s
+
+
 def flat_step_model(decode_s: float = 0.01, per_token_s: float = 0.0, kv_ps: int = 0, attn_ps: int = 0,
-                    overhead_s: float = 0.0) -> StepTimeModel:
+                    overhead_s: float = 0.0, request_ps: int = 0) -> StepTimeModel:
     """A step-time model with a constant weight-read time and optional per-token costs (s)."""
     return StepTimeModel(
         mode="calibrated",
+        context_free_s=_max_roofline(decode_s, per_token_s, 0.0, overhead_s),
         weight_read_s=lambda tokens: decode_s,
         linear_s_per_token=per_token_s,
         lm_head_s_per_logit=0.0,
-        overhead_s=overhead_s,
-        allreduce_fixed_s=0.0,
-        allreduce_s_per_token=0.0,
         kv_ps_per_token=kv_ps,
         attn_ps_per_pair=attn_ps,
+        request_ps_per_request=request_ps,
     )
 
 
 def realistic_step_model() -> StepTimeModel:
-    """Llama-3.1-8B-on-H100-like coefficients (weights 6 ms, 23 us/token linear, KV 49 ns/token)."""
+    """Llama-3.1-8B-on-H100-like coefficients (weights 6 ms, 23 us/token linear, KV 49 ns/token, 3 us per
+    request)."""
     return StepTimeModel(
         mode="calibrated",
+        context_free_s=_max_roofline(16e9 / 2.68e12, 16e9 / 692e12, 1e-6, 1.45e-3),
         weight_read_s=lambda tokens: 16e9 / 2.68e12,
         linear_s_per_token=16e9 / 692e12,
         lm_head_s_per_logit=1e-6,
-        overhead_s=1.45e-3,
-        allreduce_fixed_s=0.0,
-        allreduce_s_per_token=0.0,
         kv_ps_per_token=48_900,
         attn_ps_per_pair=758,
+        request_ps_per_request=3_000_000,
     )
 
 

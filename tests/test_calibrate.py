@@ -28,7 +28,8 @@ from servesim.errors import ConfigError
 REPO = Path(__file__).resolve().parents[1]
 SYNTHETIC = REPO / "workloads" / "examples" / "step-times-h100-llama8b-synthetic.csv"
 # The factors the shipped synthetic file was generated with (stated in its header).
-TRUE = dict(bandwidth_efficiency=0.75, compute_efficiency=0.62, step_overhead_s=1.2e-3)
+TRUE = dict(bandwidth_efficiency=0.75, compute_efficiency=0.62, gemm_transition_exponent=2.0,
+            step_overhead_s=1.2e-3, per_request_s=5e-6)
 
 
 @pytest.fixture(scope="module")
@@ -39,9 +40,9 @@ def cards():
 def test_step_counts_closed_form():
     # 5 tokens over 2 requests after 10 cached tokens: one request gets 2, the other 3.
     # pairs: 2*10 + 2*3/2 = 23 and 3*10 + 3*4/2 = 36.
-    assert step_counts(StepPoint(2, 10, 5, 1.0)) == (5, 2, 2 * 10 + 5, 23 + 36)
+    assert step_counts(StepPoint(2, 10, 5, 1.0)) == (5, 2, 2 * 10 + 5, 23 + 36, 2)
     # Decode: B requests, 1 token each over C: kv = B (C + 1), pairs = B (C + 1).
-    assert step_counts(StepPoint(8, 100, 8, 1.0)) == (8, 8, 808, 808)
+    assert step_counts(StepPoint(8, 100, 8, 1.0)) == (8, 8, 808, 808, 8)
 
 
 def test_noise_free_fit_recovers_factors_exactly(cards):
@@ -50,9 +51,11 @@ def test_noise_free_fit_recovers_factors_exactly(cards):
     pts = synthetic_step_points(truth, model, np.random.default_rng(0), noise_rel=0.0)
     fit = fit_step_times(hw, model, pts)
     # Only the engine's integer-picosecond rounding separates the data from the model.
-    assert fit.bandwidth_efficiency == pytest.approx(0.75, rel=1e-4)
-    assert fit.compute_efficiency == pytest.approx(0.62, rel=1e-4)
+    assert fit.bandwidth_efficiency == pytest.approx(0.75, rel=1e-3)
+    assert fit.compute_efficiency == pytest.approx(0.62, rel=1e-3)
+    assert fit.gemm_transition_exponent == pytest.approx(2.0, rel=1e-3)
     assert fit.step_overhead_s == pytest.approx(1.2e-3, rel=1e-3)
+    assert fit.per_request_s == pytest.approx(5e-6, rel=2e-2)
     assert fit.max_abs_relative_error < 1e-4
     assert fit.r_squared > 1 - 1e-8
     assert fit.kept_from_base == ()
@@ -63,9 +66,19 @@ def test_shipped_synthetic_file_recovers_known_factors(cards):
     assert "SYNTHETIC" in SYNTHETIC.read_text().splitlines()[0]
     pts = read_step_times_csv(SYNTHETIC)
     fit = fit_step_times(hw, model, pts)
-    assert fit.bandwidth_efficiency == pytest.approx(0.75, rel=0.03)
+    # The weight read and the per-step overhead are both constant over a model's decode steps: with 2%
+    # noise only their sum is pinned (the batch-1 decode step), and the compute line
     assert fit.compute_efficiency == pytest.approx(0.62, rel=0.03)
-    assert fit.step_overhead_s == pytest.approx(1.2e-3, rel=0.07)
+    from servesim.roofline import build_step_time_model
+
+    def batch1(card):
+        return build_step_time_model(card, model, 1).step_s(1, 1, 1000, 1000, 1)
+
+    fitted_card = hw.model_copy(update=dict(bandwidth_efficiency=fit.bandwidth_efficiency,
+                                            compute_efficiency=fit.compute_efficiency,
+                                            gemm_transition_exponent=fit.gemm_transition_exponent,
+                                            step_overhead_s=fit.step_overhead_s, per_request_s=fit.per_request_s))
+    assert batch1(fitted_card) == pytest.approx(batch1(hw.model_copy(update=TRUE)), rel=0.01)
     # 2% lognormal noise: RMS relative error of a good fit is about 2%, R^2 close to 1.
     assert 0.01 < fit.rms_relative_error < 0.03
     assert fit.r_squared > 0.99
@@ -81,9 +94,12 @@ def test_decode_only_small_batch_keeps_base_compute_efficiency(cards):
     pts = synthetic_step_points(truth, model, np.random.default_rng(1), noise_rel=0.0,
                                 batch_sizes=(1, 2, 4, 8), prefill_tokens=())
     fit = fit_step_times(hw, model, pts)
-    assert fit.kept_from_base == ("compute_efficiency",)
+    # decode steps of at most 8 tokens never leave the memory floor: the compute line and the transition
+    # exponent are not determined and keep the base card's values
+    assert {"compute_efficiency", "gemm_transition_exponent"} <= set(fit.kept_from_base)
     assert fit.compute_efficiency == hw.compute_efficiency
-    assert fit.bandwidth_efficiency == pytest.approx(0.75, rel=2e-3)
+    # weights and overhead are collinear over these steps; the fit still reproduces every one of them
+    assert fit.max_abs_relative_error < 2e-3
 
 
 def test_too_few_points(cards):
@@ -161,7 +177,7 @@ def test_cli_writes_a_loadable_card(tmp_path, capsys):
     assert "# fit quality: R^2 = " in text and "rel_error" in text and SYNTHETIC.name in text
     card = load_hardware(str(out))
     assert card.name == "H100 SXM (calibrated)"
-    assert card.bandwidth_efficiency == pytest.approx(0.75, rel=0.03)
+    assert card.compute_efficiency == pytest.approx(0.62, rel=0.03)
     assert card.memory_bandwidth_bytes_per_s == load_hardware("h100-sxm").memory_bandwidth_bytes_per_s
     assert "R^2" in capsys.readouterr().out
 

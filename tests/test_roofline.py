@@ -56,7 +56,7 @@ def test_calibrated_llama8b_h100_batch1_decode_is_about_7_5_ms():
 def test_kv_term_reads_kv_bytes_per_token_at_effective_bandwidth():
     hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
     model = build_step_time_model(hw, m, 1, "calibrated")
-    expected_ps = m.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency) * PS_PER_S
+    expected_ps = m.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * hw.attention_bandwidth_efficiency) * PS_PER_S
     assert model.kv_ps_per_token == round(expected_ps)
 
 
@@ -66,8 +66,10 @@ def test_tensor_parallel_splits_weights_and_adds_allreduce():
     tp4 = build_step_time_model(hw, m, 4, "calibrated")
     w1 = tp1.weight_read_s(1)
     assert tp4.weight_read_s(1) == pytest.approx(w1 / 4, rel=1e-12)
-    assert tp4.allreduce_fixed_s == pytest.approx(2 * m.num_hidden_layers * hw.allreduce_latency_s)
-    assert tp4.base_s(1, 1) > tp4.overhead_s + w1 / 4
+    no_link = build_step_time_model(hw.model_copy(update={"allreduce_latency_s": 0.0}), m, 4, "calibrated")
+    # two all-reduces per layer, each paying the card's latency
+    assert tp4.base_s(1, 1, 1) - no_link.base_s(1, 1, 1) == pytest.approx(
+        2 * m.num_hidden_layers * hw.allreduce_latency_s, rel=1e-6)
     assert tp4.kv_ps_per_token == pytest.approx(tp1.kv_ps_per_token / 4, rel=1e-4)
 
 
@@ -75,4 +77,47 @@ def test_moe_reads_only_touched_experts():
     hw, m = load_hardware("h100-sxm"), load_model("mixtral-8x7b")
     model = build_step_time_model(hw, m, 2, "calibrated")
     assert model.weight_read_s(1) < model.weight_read_s(4) <= model.weight_read_s(1000)
-    assert model.weight_read_s(1000) == pytest.approx(m.weight_bytes / 2 / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency))
+    # all experts touched: every weight but the input embedding (a lookup of T rows), at the GEMM bandwidth
+    emb = m.param_counts.input_embedding * 2.0
+    assert model.weight_read_s(1000) == pytest.approx(
+        (m.weight_bytes - emb) / 2 / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+@pytest.mark.parametrize("speculative", [False, True])
+def test_calibrated_step_is_the_documented_sum_of_its_terms(tp, speculative):
+    # servesim/roofline.py's formula, term by term, from the public helpers and the card's fields
+    from servesim.roofline import (ELEMENTWISE_OPS_PER_LAYER, GEMMS_PER_LAYER, elementwise_bytes_per_token,
+                                   elementwise_time_s, gemm_time_s)
+
+    hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
+    st = build_step_time_model(hw, m, tp, "calibrated", speculative=speculative)
+    peak, bw, L = hw.peak_flops_per_s["bf16"], hw.memory_bandwidth_bytes_per_s, m.num_hidden_layers
+    emb_and_lm_head = 2 * m.vocab_size * m.hidden_size * 2.0  # untied, bf16
+    ew = elementwise_bytes_per_token(m.hidden_size, m.num_attention_heads, m.num_key_value_heads,
+                                     m.head_dim, m.intermediate_size, tp)
+    passes = hw.sampler_passes_per_logit + (hw.rejection_sampler_passes_per_logit if speculative else 0.0)
+    link = hw.interconnect_bandwidth_bytes_per_s / 2 * hw.interconnect_efficiency
+    for tokens, logits, requests in ((1, 1, 1), (300, 64, 64), (4096, 1, 1)):
+        allreduce = 0.0 if tp == 1 else 2 * L * (hw.allreduce_latency_s
+                                                 + 2 * (tp - 1) / tp * tokens * m.hidden_size * 2 / link)
+        expected = (
+            hw.step_overhead_s + requests * hw.per_request_s
+            + gemm_time_s(hw, (m.weight_bytes_read(tokens) - emb_and_lm_head) / tp,
+                          m.linear_flops_per_token / tp * tokens, GEMMS_PER_LAYER * L, peak)
+            + elementwise_time_s(hw, L * ew * tokens, ELEMENTWISE_OPS_PER_LAYER * L)
+            + allreduce
+            + gemm_time_s(hw, m.vocab_size * m.hidden_size * 2.0 / tp, m.lm_head_flops_per_token / tp * logits,
+                          1, peak)
+            + logits * m.vocab_size * 4 * passes / (hw.bandwidth_efficiency * bw)
+        )
+        assert st.base_s(tokens, logits, requests) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+def test_verify_tokens_are_not_free_below_the_ridge_point():
+    # issue 9: the plain max() made every token below ~290 free on an H100; measured GEMMs (and the model)
+    # cost more from the first tens of tokens on
+    st = build_step_time_model(load_hardware("h100-sxm"), load_model("llama-3.1-8b"), 1)
+    times = [st.base_s(t, 1, 1) for t in (1, 32, 64, 128, 256)]
+    assert all(b > a for a, b in zip(times, times[1:]))
+    assert times[3] > 1.10 * times[0]  # 128 tokens: > 10% more than 1 (Vidur's Llama-2-7B layer: +15%)

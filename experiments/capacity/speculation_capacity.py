@@ -21,8 +21,8 @@ VARIANTS = {
     "none": None,
     "EAGLE k=3": "{method: eagle, num_speculative_tokens: 3, acceptance: eagle-llama3.1-8b-sharegpt-k3}",
     "n-gram k=3": "{method: ngram, num_speculative_tokens: 3, acceptance: ngram-llama3.1-8b-sharegpt-k3}",
-    "EAGLE tuned": "{method: eagle, num_speculative_tokens: 3, acceptance: eagle-llama3.1-8b-sharegpt-k5, "
-                   "num_speculative_tokens_per_batch_size: [[1, 6, 2], [7, 12, 3], [13, 96, 2], [97, 256, 1]]}",
+    "EAGLE tuned": "{method: eagle, num_speculative_tokens: 2, acceptance: eagle-llama3.1-8b-sharegpt-k5, "
+                   "num_speculative_tokens_per_batch_size: [[1, 96, 2], [97, 256, 1]]}",
 }
 CONFIGS = {
     ("Azure conversation", "H100"): "azure-conv-llama8b-h100.yaml",

@@ -1,23 +1,15 @@
-"""Fit a hardware card's calibration factors to measured step times.
+"""Fit a hardware card's step-time fields to measured step times.
 
-``servesim calibrate`` fits three fields of a :class:`~servesim.cards.HardwareCard`,
-``bandwidth_efficiency`` (eta_bw), ``compute_efficiency`` (eta_c) and ``step_overhead_s`` (t0), so that the
-roofline of :mod:`servesim.roofline` reproduces steps measured on a real server::
-
-    t = t0 + max(W(T) / (eta_bw BW), (F_lin T + F_lm n_logits) / (eta_c P))
-           + KV_bytes_per_token * sum ctx / (eta_bw BW) + F_attn_pair * sum pairs / (eta_c P) + t_allreduce
-
-With ``u = 1 / eta_bw`` and ``v = 1 / eta_c`` the model is ``t = t0 + max(a u, b v) + c u + d v + e``:
-piecewise LINEAR in ``(t0, u, v)``. The fit minimises the sum of squared RELATIVE errors
-``((t_pred - t_meas) / t_meas)^2`` (every step counts alike, fast decode steps as much as long prefills)
-subject to ``0 < eta <= 1`` (``u, v >= 1``) and ``t0 >= 0``: for a fixed choice of branch of the ``max`` per
-point it is a bounded linear least-squares problem, solved exactly by enumerating which bounds are active;
-the branches are then re-assigned from the solution until they no longer change (multi-start over a grid
-of efficiencies; the best local solution wins). numpy only (scipy is not a dependency).
-A factor the data cannot determine (e.g. ``compute_efficiency`` from decode steps at small batch, whose
-compute term is below 5% of every step) keeps the base card's value and the report says so.
-The reported predictions come from :func:`servesim.roofline.build_step_time_model` with the fitted card,
-so calibration and simulation agree by construction.
+``servesim calibrate`` fits the fields of :data:`FITTED_FIELDS` of a :class:`~servesim.cards.HardwareCard`
+(``bandwidth_efficiency``, ``compute_efficiency``, ``gemm_transition_exponent``, ``step_overhead_s``,
+``per_request_s``) so that the step-time model of :mod:`servesim.roofline` (its
+formula is documented there and in ``hardware/README.md``) reproduces steps measured on a real server.
+The fit minimises the sum of squared RELATIVE errors ``((t_pred - t_meas) / t_meas)^2`` (every step counts
+alike, fast decode steps as much as long prefills) within physical bounds, with
+:func:`scipy.optimize.least_squares`; a field the data cannot determine (e.g. ``compute_efficiency`` from
+decode steps at small batch) keeps the base card's value and the report says so. The predictions come
+from :func:`servesim.roofline.build_step_time_model` with the fitted card, so calibration and simulation
+agree by construction. The non-GEMM, sampler and attention fields keep the base card's values.
 
 Inputs (``--data``, repeatable):
 
@@ -57,7 +49,6 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
-import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -92,8 +83,6 @@ __all__ = [
 CSV_COLUMNS: tuple[str, ...] = ("batch_size", "context_tokens", "scheduled_tokens", "step_time_s")
 """Required columns of a step-time CSV (counts in tokens/requests, time in seconds)."""
 
-_DETERMINED_SHARE = 0.05  # a factor whose term is below 5% of every step is not determined by the data
-_FACTOR_FIELDS = ("bandwidth_efficiency", "compute_efficiency", "step_overhead_s")
 
 
 @dataclass(frozen=True)
@@ -254,8 +243,9 @@ def read_step_data(path: str | Path) -> list[StepPoint]:
 
 
 # ---------------------------------------------------------------------------------------------- model
-def step_counts(point: StepPoint) -> tuple[int, int, int, int]:
-    """The roofline inputs of a measured step: ``(num_tokens, num_logits, kv_tokens, attn_pairs)``.
+def step_counts(point: StepPoint) -> tuple[int, int, int, int, int]:
+    """The roofline inputs of a measured step: ``(num_tokens, num_logits, kv_tokens, attn_pairs,
+    num_requests)``.
 
     The ``scheduled_tokens`` are split as evenly as possible: ``r = T mod B`` requests get ``q + 1`` new
     tokens and the others ``q = T // B``. A request with ``q`` new tokens after ``c = context_tokens``
@@ -268,7 +258,7 @@ def step_counts(point: StepPoint) -> tuple[int, int, int, int]:
     pairs = 0
     for n_req, qi in ((b - r, q), (r, q + 1)):
         pairs += n_req * (qi * c + qi * (qi + 1) // 2)
-    return t, b, kv, pairs
+    return t, b, kv, pairs, b
 
 
 def predict_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[StepPoint],
@@ -281,25 +271,6 @@ def predict_step_times(hardware: HardwareCard, model: ModelCard, points: Sequenc
     return np.array([stm.step_s(*step_counts(pt)) for pt in points], dtype=float)
 
 
-def _features(hardware: HardwareCard, model: ModelCard, points: Sequence[StepPoint], tp: int) -> np.ndarray:
-    """Columns ``a, b, c, d, e`` (s) with ``t = t0 + max(a u, b v) + c u + d v + e``, shape ``(n, 5)``."""
-    unit = hardware.model_copy(update={"bandwidth_efficiency": 1.0, "compute_efficiency": 1.0,
-                                       "step_overhead_s": 0.0})
-    stm = build_step_time_model(unit, model, tp, "calibrated")
-    bw = float(hardware.memory_bandwidth_bytes_per_s)
-    peak = float(hardware.peak_flops_per_s[compute_dtype(model, hardware)])
-    kv_s = float(model.kv_bytes_per_token) / tp / bw  # unrounded (the model rounds to whole ps)
-    attn_s = float(model.attention_flops_per_pair) / tp / peak
-    rows = []
-    for pt in points:
-        t, n_logits, kv, pairs = step_counts(pt)
-        a = float(stm.weight_read_s(t))
-        b = stm.linear_s_per_token * t + stm.lm_head_s_per_logit * n_logits
-        e = stm.allreduce_fixed_s + stm.allreduce_s_per_token * t if t else 0.0
-        rows.append((a, b, kv_s * kv, attn_s * pairs, e))
-    return np.array(rows, dtype=float)
-
-
 @dataclass
 class CalibrationFit:
     """Result of :func:`fit_step_times`.
@@ -307,6 +278,8 @@ class CalibrationFit:
     Attributes:
         bandwidth_efficiency, compute_efficiency: fitted factors in (0, 1].
         step_overhead_s: fitted per-step overhead (s, >= 0).
+        gemm_transition_exponent, per_request_s: the other fitted fields (see
+            :data:`FITTED_FIELDS`).
         kept_from_base: names of factors the data did not determine (base card's value kept).
         points: the measured steps, shape ``(n,)``.
         measured_s, predicted_s: step times (s), shape ``(n,)``; predictions from the real step-time model.
@@ -317,6 +290,8 @@ class CalibrationFit:
     bandwidth_efficiency: float
     compute_efficiency: float
     step_overhead_s: float
+    gemm_transition_exponent: float
+    per_request_s: float
     kept_from_base: tuple[str, ...]
     points: list[StepPoint]
     measured_s: np.ndarray
@@ -336,68 +311,33 @@ class CalibrationFit:
         return float(np.sqrt(np.mean(self.relative_error**2)))
 
 
-def _bounded_lsq(x: np.ndarray, y: np.ndarray, lower: np.ndarray, fixed: dict[int, float]) -> np.ndarray:
-    """min ||X p - y||^2 subject to p >= lower, some p fixed: exact, by enumerating active bounds."""
-    n = x.shape[1]
-    free_all = [j for j in range(n) if j not in fixed]
-    best, best_obj = None, math.inf
-    for k in range(len(free_all) + 1):
-        for pinned in itertools.combinations(free_all, k):
-            p = np.zeros(n)
-            for j, v in fixed.items():
-                p[j] = v
-            for j in pinned:
-                p[j] = lower[j]
-            free = [j for j in free_all if j not in pinned]
-            if free:
-                rhs = y - x @ p
-                sol, *_ = np.linalg.lstsq(x[:, free], rhs, rcond=None)
-                p[free] = sol
-                if np.any(p[free] < lower[free] - 1e-12):
-                    continue
-            obj = float(np.sum((x @ p - y) ** 2))
-            if obj < best_obj:
-                best, best_obj = p, obj
-    assert best is not None
-    return best
+FITTED_FIELDS: tuple[str, ...] = (
+    "bandwidth_efficiency", "compute_efficiency", "gemm_transition_exponent", "step_overhead_s", "per_request_s",
+)
+"""Hardware-card fields :func:`fit_step_times` fits (the others keep the base card's values).
+``gemm_launch_s`` is not among them: for one model it is a constant per step, indistinguishable from
+``step_overhead_s`` (it comes from the kernel profiles)."""
 
-
-def _fit_params(f: np.ndarray, y: np.ndarray, fixed: dict[int, float]) -> tuple[np.ndarray, float]:
-    """Fit ``p = (u, v, t0)`` on relative error; returns the best ``p`` and its objective."""
-    a, b, c, d, e = f.T
-    w = 1.0 / y
-    lower = np.array([1.0, 1.0, 0.0])
-
-    def objective(p: np.ndarray) -> float:
-        pred = p[2] + np.maximum(a * p[0], b * p[1]) + c * p[0] + d * p[1] + e
-        return float(np.sum(((pred - y) * w) ** 2))
-
-    best_p, best_obj = None, math.inf
-    for eta_bw, eta_c in itertools.product((0.25, 0.5, 0.75, 1.0), repeat=2):
-        p = np.array([1.0 / eta_bw, 1.0 / eta_c, 0.0])
-        for j, v in fixed.items():
-            p[j] = v
-        branch = None
-        for _ in range(60):
-            mem = a * p[0] >= b * p[1]
-            if branch is not None and np.array_equal(mem, branch):
-                break
-            branch = mem
-            x = np.column_stack([(np.where(mem, a, 0.0) + c) * w, (np.where(mem, 0.0, b) + d) * w, w])
-            p = _bounded_lsq(x, (y - e) * w, lower, fixed)
-        obj = objective(p)
-        if obj < best_obj - 1e-15:
-            best_p, best_obj = p, obj
-    assert best_p is not None
-    return best_p, best_obj
+_BOUNDS = {
+    "bandwidth_efficiency": (0.05, 1.0), "compute_efficiency": (0.05, 1.0),
+    "gemm_transition_exponent": (1.0, 16.0), "gemm_launch_s": (0.0, 1e-3),
+    "step_overhead_s": (0.0, 1.0), "per_request_s": (0.0, 1e-2),
+}
+_SCALE = {"gemm_launch_s": 1e-6, "step_overhead_s": 1e-3, "per_request_s": 1e-6}
 
 
 def fit_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[StepPoint],
                    tensor_parallel_size: int = 1) -> CalibrationFit:
-    """Fit ``bandwidth_efficiency``, ``compute_efficiency`` and ``step_overhead_s`` to measured steps.
+    """Fit the fields of :data:`FITTED_FIELDS` to measured steps (bounded least squares, relative errors).
+
+    The model is the simulator's own (:func:`predict_step_times`); the objective is the sum of squared
+    relative errors, minimised with :func:`scipy.optimize.least_squares` (trust-region reflective, within
+    physical bounds, finite differences of relative step 1e-3: the model's times are whole picoseconds)
+    from the base card's values and three other starts. A field whose change by 10% moves no predicted step by
+    more than 0.5% is not determined by the data: it keeps the base card's value and the report says so.
 
     Args:
-        hardware: the base card (peaks, interconnect; its factors are the fallback for undetermined ones).
+        hardware: the base card (peaks, interconnect; fallback for undetermined fields).
         model: the model that was measured.
         points: measured steps (at least 3).
         tensor_parallel_size: TP degree of the measurement.
@@ -408,35 +348,56 @@ def fit_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[St
     Raises:
         ConfigError: fewer than 3 points.
     """
+    from scipy.optimize import least_squares
+
     points = list(points)
     if len(points) < 3:
         where = points[0].where.rsplit(":", 1)[0] if points else "--data"
-        raise ConfigError(f"{where}: expected at least 3 measured steps to fit 3 factors (got {len(points)})")
+        raise ConfigError(f"{where}: expected at least 3 measured steps to fit (got {len(points)})")
     tp = int(tensor_parallel_size)
-    f = _features(hardware, model, points, tp)
     y = np.array([pt.step_time_s for pt in points], dtype=float)
-    fixed: dict[int, float] = {}
-    p, _ = _fit_params(f, y, fixed)
-    # Drop factors whose term never reaches _DETERMINED_SHARE of a step, then refit the others.
-    a, b, c, d, _e = f.T
-    mem = a * p[0] >= b * p[1]
-    bw_term = (np.where(mem, a, 0.0) + c) * p[0]
-    c_term = (np.where(mem, 0.0, b) + d) * p[1]
-    if np.max(c_term / y) < _DETERMINED_SHARE:
-        fixed[1] = 1.0 / float(hardware.compute_efficiency)
-    if np.max(bw_term / y) < _DETERMINED_SHARE:
-        fixed[0] = 1.0 / float(hardware.bandwidth_efficiency)
-    if fixed:
-        p, _ = _fit_params(f, y, fixed)
-    kept = tuple(name for j, name in ((0, "bandwidth_efficiency"), (1, "compute_efficiency")) if j in fixed)
-    eta_bw, eta_c, t0 = min(1.0, 1.0 / p[0]), min(1.0, 1.0 / p[1]), max(0.0, float(p[2]))
-    card = hardware.model_copy(update={"bandwidth_efficiency": eta_bw, "compute_efficiency": eta_c,
-                                       "step_overhead_s": t0})
+    base_pred = predict_step_times(hardware, model, points, tp)
+    free, kept = [], []
+    for name in FITTED_FIELDS:
+        value = float(getattr(hardware, name))
+        probe = value * 1.1 if value > 0 else _SCALE.get(name, 0.1)
+        lo, hi = _BOUNDS[name]
+        probe = min(max(probe, lo), hi) if probe <= hi else value * 0.9
+        moved = predict_step_times(hardware.model_copy(update={name: probe}), model, points, tp)
+        (free if np.max(np.abs(moved / base_pred - 1)) > 0.005 else kept).append(name)
+    scale = np.array([_SCALE.get(n, 1.0) for n in free])
+
+    def card_of(x: np.ndarray) -> HardwareCard:
+        return hardware.model_copy(update={n: float(v) for n, v in zip(free, x * scale)})
+
+    def residuals(x: np.ndarray) -> np.ndarray:
+        return predict_step_times(card_of(x), model, points, tp) / y - 1.0
+
+    values = {n: float(getattr(hardware, n)) for n in FITTED_FIELDS}
+    if free:
+        # start inside the bounds (a field at a bound, e.g. per_request_s = 0, has a one-sided gradient)
+        x0 = np.array([min(max(values[n] or _SCALE.get(n, 0.5), _BOUNDS[n][0]), _BOUNDS[n][1]) for n in free]) / scale
+        x0 = np.minimum(x0, np.array([_BOUNDS[n][1] for n in free]) / scale * 0.999)
+        lower = np.array([_BOUNDS[n][0] for n in free]) / scale
+        upper = np.array([_BOUNDS[n][1] for n in free]) / scale
+        best = least_squares(residuals, x0, bounds=(lower, upper), diff_step=1e-3)
+        for eta_bw, eta_c in ((0.6, 0.6), (0.9, 0.5), (0.5, 0.9)):  # multi-start: the roofs trade off
+            start = x0.copy()
+            for n, v in (("bandwidth_efficiency", eta_bw), ("compute_efficiency", eta_c)):
+                if n in free:
+                    start[free.index(n)] = v
+            res = least_squares(residuals, start, bounds=(lower, upper), diff_step=1e-3)
+            if res.cost < best.cost:
+                best = res
+        values.update({n: float(v) for n, v in zip(free, best.x * scale)})
+    card = hardware.model_copy(update=values)
     pred = predict_step_times(card, model, points, tp)
     rel = (pred - y) / y
     ss_tot = float(np.sum((y - y.mean()) ** 2))
     r2 = 1.0 - float(np.sum((pred - y) ** 2)) / ss_tot if ss_tot > 0 else float("nan")
-    return CalibrationFit(eta_bw, eta_c, t0, kept, points, y, pred, rel, r2,
+    return CalibrationFit(values["bandwidth_efficiency"], values["compute_efficiency"], values["step_overhead_s"],
+                          values["gemm_transition_exponent"], values["per_request_s"],
+                          tuple(kept), points, y, pred, rel, r2,
                           extra={"tensor_parallel_size": tp, "model": model.name})
 
 
@@ -444,9 +405,7 @@ def fit_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[St
 def calibrated_card(hardware: HardwareCard, fit: CalibrationFit, source: str | None = None) -> HardwareCard:
     """A copy of ``hardware`` with the fitted factors (validated; ``name`` gets a ``(calibrated)`` suffix)."""
     data = hardware.model_dump()
-    data.update(bandwidth_efficiency=round(fit.bandwidth_efficiency, 4),
-                compute_efficiency=round(fit.compute_efficiency, 4),
-                step_overhead_s=float(f"{fit.step_overhead_s:.4g}"))
+    data.update({name: float(f"{getattr(fit, name):.4g}") for name in FITTED_FIELDS})
     if not data["name"].endswith("(calibrated)"):
         data["name"] = f"{data['name']} (calibrated)"
     if source is not None:
@@ -474,6 +433,8 @@ def fit_summary(fit: CalibrationFit) -> list[str]:
         f"bandwidth_efficiency: {fit.bandwidth_efficiency:.4f}",
         f"compute_efficiency:   {fit.compute_efficiency:.4f}",
         f"step_overhead_s:      {fit.step_overhead_s:.4g}",
+        f"gemm_transition_exponent: {fit.gemm_transition_exponent:.4g}",
+        f"per_request_s:        {fit.per_request_s:.4g}",
         f"R^2 (step time): {fit.r_squared:.4f}; relative error: RMS {100 * fit.rms_relative_error:.2f}%, "
         f"max {100 * fit.max_abs_relative_error:.2f}% over {len(fit.points)} steps",
     ]
@@ -503,7 +464,7 @@ def calibrated_card_yaml(base: HardwareCard, fit: CalibrationFit, data_files: Se
         f"# base card: {base_spec or base.name}; model: {fit.extra.get('model')}; "
         f"tensor_parallel_size: {fit.extra.get('tensor_parallel_size')}",
         f"# data: {files} ({len(fit.points)} steps)",
-        "# fitted: " + ", ".join(f"{k} = {getattr(card, k)}" for k in _FACTOR_FIELDS),
+        "# fitted: " + ", ".join(f"{k} = {getattr(card, k)}" for k in FITTED_FIELDS),
     ]
     if fit.kept_from_base:
         head.append("# not determined by the data, base value kept: " + ", ".join(fit.kept_from_base))

@@ -3,7 +3,7 @@
 Runs the validation cases (default: every file in ``experiments/validation/``), prints a table (case,
 source, measured, simulated, relative error, within tolerance) and writes ``DIR/validation.csv`` and
 ``DIR/validation.png``. Exits 0 even when cases fall outside their tolerance (the report names them and
-their notes); a bad case file is a one-line error (exit 2 from the front end).
+their notes), unless ``--strict`` is given: then it exits 1 when any case is outside; a bad case file is a one-line error (exit 2 from the front end).
 """
 
 from __future__ import annotations
@@ -20,15 +20,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fast", action="store_true", help="run only the cases marked fast: true")
     parser.add_argument("--out", default="out/validation", help="output folder (default: out/validation)")
     parser.add_argument("--markdown", action="store_true", help="print the table as Markdown")
+    parser.add_argument("--vllm-bench", action="append", default=[], metavar="RESULT.json",
+                        help="a `vllm bench serve --save-result` JSON to replay as a case (repeatable; needs --server)")
+    parser.add_argument("--server", metavar="CONFIG.yaml",
+                        help="the server's settings for --vllm-bench: a run config (its workload is replaced)")
+    parser.add_argument("--tolerance", type=float, default=0.10,
+                        help="tolerance of the --vllm-bench cases (fraction, default 0.10)")
+    parser.add_argument("--strict", action="store_true",
+                        help="exit with status 1 when any case is outside its tolerance (default: report only)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the cases, print the report, write the CSV and PNG; returns 0 (errors raise ServesimError)."""
+    """Run the cases, print the report, write the CSV and PNG; returns 0, or 1 with ``--strict`` when a case
+    is outside its tolerance (errors raise ServesimError)."""
     from servesim.analysis.validation import format_table, load_cases, plot, run_cases, write_csv
     from servesim.atomic import prepare_output_dir
     from servesim.errors import ConfigError
 
-    cases = load_cases(list(args.cases), fast_only=args.fast)
+    bench = list(getattr(args, "vllm_bench", []) or [])
+    cases = load_cases(list(args.cases), fast_only=args.fast) if args.cases or not bench else []
+    if bench:
+        from servesim.analysis.bench_replay import BenchCase
+        from servesim.analysis.validation import LoadedCase
+
+        if not args.server:
+            raise ConfigError("validate: --vllm-bench needs --server CONFIG.yaml (the server's settings)")
+        if not 0 < args.tolerance < 1:
+            raise ConfigError(f"validate: --tolerance: expected a fraction in (0, 1) (got {args.tolerance})")
+        for i, result in enumerate(bench):
+            case = BenchCase(name=Path(result).stem, bench_result=str(Path(result).resolve()),
+                             config=str(Path(args.server).resolve()), tolerance=args.tolerance)
+            cases.append(LoadedCase(case=case, file=Path.cwd() / "--vllm-bench", index=i, key="vllm_bench"))
     if not cases:
         raise ConfigError("validate: no cases to run (none marked fast: true?)")
     prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
@@ -47,4 +69,4 @@ def run(args: argparse.Namespace) -> int:
     csv_path = write_csv(results, out / "validation.csv")
     png_path = plot(results, out / "validation.png")
     print(f"wrote {csv_path} and {png_path}")
-    return 0
+    return 1 if outside and getattr(args, "strict", False) else 0

@@ -36,15 +36,16 @@ import csv
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from servesim.analysis.bench_replay import BenchCase
 from servesim.errors import ConfigError
 
 CSV_COLUMNS = [
     "case", "source", "metric", "unit", "measured", "measured_low", "measured_high", "simulated",
-    "relative_error", "tolerance", "within_tolerance", "detail", "notes",
+    "relative_error", "tolerance", "within_tolerance", "role", "detail", "notes",
 ]
 
 
@@ -111,6 +112,10 @@ class ValidationCase(_Strict):
     seed: int = Field(0, ge=0)
     fast: bool = False
     tolerance: float = Field(0.10, gt=0, lt=1)
+    tolerance_source: str = Field("", description="why this tolerance: the source's own uncertainty")
+    role: Literal["fit", "prediction", "closed_form"] = Field(
+        "prediction", description="fit: a servesim parameter was fitted to this figure; prediction: not; "
+        "closed_form: a formula the engine must reproduce (the seed lesson)")
     notes: str = ""
 
     @model_validator(mode="after")
@@ -126,23 +131,32 @@ class ValidationCase(_Strict):
 
 
 class CaseFile(_Strict):
-    """A case file: ``cases:``, a non-empty list of :class:`ValidationCase`."""
+    """A case file: ``cases:``, a list of :class:`ValidationCase`, and/or ``vllm_bench:``, a list of
+    :class:`~servesim.analysis.bench_replay.BenchCase` (a user's ``vllm bench serve`` results)."""
 
-    cases: list[ValidationCase] = Field(min_length=1)
+    cases: list[ValidationCase] = Field(default_factory=list)
+    vllm_bench: list[BenchCase] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _not_empty(self) -> CaseFile:
+        if not self.cases and not self.vllm_bench:
+            raise ValueError("cases: expected at least one case (or a vllm_bench entry)")
+        return self
 
 
 @dataclass
 class LoadedCase:
     """A validated case with where it came from (``file``, ``index`` in its ``cases`` list)."""
 
-    case: ValidationCase
+    case: ValidationCase | BenchCase
     file: Path
     index: int
+    key: str = "cases"
 
     @property
     def where(self) -> str:
-        """``FILE: cases[i]`` for error messages."""
-        return f"{self.file}: cases[{self.index}]"
+        """``FILE: cases[i]`` (or ``vllm_bench[i]``) for error messages."""
+        return f"{self.file}: {self.key}[{self.index}]"
 
 
 @dataclass
@@ -162,6 +176,7 @@ class CaseResult:
     detail: str = ""
     notes: str = ""
     points: list[tuple[float, float]] = field(default_factory=list)
+    role: str = "prediction"
 
     @property
     def measured(self) -> float:
@@ -197,7 +212,8 @@ def load_case_file(path: str | Path) -> list[LoadedCase]:
         # top-level keys starting with "_" only hold YAML anchors shared by the cases
         data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("_"))}
     parsed = validate(CaseFile, data, str(p))
-    return [LoadedCase(case=c, file=p, index=i) for i, c in enumerate(parsed.cases)]
+    return ([LoadedCase(case=c, file=p, index=i) for i, c in enumerate(parsed.cases)]
+            + [LoadedCase(case=c, file=p, index=i, key="vllm_bench") for i, c in enumerate(parsed.vllm_bench)])
 
 
 def load_cases(paths: list[str | Path] | None = None, *, fast_only: bool = False) -> list[LoadedCase]:
@@ -357,17 +373,22 @@ def run_case(lc: LoadedCase) -> CaseResult:
     return CaseResult(
         name=case.name, source=case.source, metric=m.metric, unit=m.unit, measured_low=m.low,
         measured_high=m.high, simulated=simulated, relative_error=rel, tolerance=case.tolerance,
-        within=within, detail=detail, notes=case.notes.strip(), points=points,
+        within=within, detail=detail, notes=case.notes.strip(), points=points, role=case.role,
     )
 
 
 def run_cases(cases: list[LoadedCase], progress: Any = None) -> list[CaseResult]:
     """Run every case in order; ``progress(name)`` (if given) is called before each one."""
+    from servesim.analysis.bench_replay import run_bench_case
+
     results = []
     for lc in cases:
         if progress is not None:
             progress(lc.case.name)
-        results.append(run_case(lc))
+        if isinstance(lc.case, BenchCase):
+            results.extend(run_bench_case(lc.case, lc.file, lc.where))
+        else:
+            results.append(run_case(lc))
     return results
 
 
@@ -391,11 +412,11 @@ def _fmt(x: float | None) -> str:
 
 def table_rows(results: list[CaseResult]) -> list[list[str]]:
     """Rows of the report table: case, source, measured, simulated, relative error, within tolerance."""
-    rows = [["case", "source", "metric", "measured", "simulated", "rel. error", "within"]]
+    rows = [["case", "source", "metric", "measured", "simulated", "rel. error", "within", "role"]]
     for r in results:
         err = "-" if r.relative_error is None else f"{100 * r.relative_error:+.1f}%"
         rows.append([r.name, r.source, f"{r.metric} ({r.unit})", r.measured_text(), _fmt(r.simulated), err,
-                     f"{'yes' if r.within else 'no'} (±{100 * r.tolerance:g}%)"])
+                     f"{'yes' if r.within else 'no'} (±{100 * r.tolerance:g}%)", r.role])
     return rows
 
 
@@ -422,7 +443,7 @@ def write_csv(results: list[CaseResult], path: str | Path) -> Path:
                 r.name, r.source, r.metric, r.unit, repr(r.measured), repr(r.measured_low), repr(r.measured_high),
                 "" if r.simulated is None else repr(r.simulated),
                 "" if r.relative_error is None else repr(r.relative_error),
-                repr(r.tolerance), "yes" if r.within else "no", r.detail, r.notes,
+                repr(r.tolerance), "yes" if r.within else "no", r.role, r.detail, r.notes,
             ])
     return p
 

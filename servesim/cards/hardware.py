@@ -70,21 +70,79 @@ class HardwareCard(BaseModel):
         default=0.80,
         gt=0,
         le=1,
-        description="Share of peak memory bandwidth reached reading weights and KV cache "
-        "(Vidur's profiled H100 GEMMs reach 0.63-0.86 at <= 64 tokens).",
+        description="Share of peak memory bandwidth reached reading the weights in the GEMMs (memory roof of "
+        "the smooth maximum, with gemm_launch_s per kernel), fitted per GPU class to Vidur's GEMM profiles "
+        "(docs/reference/kernel-profiles/); also the sampler's bandwidth.",
+    )
+    attention_bandwidth_efficiency: float = Field(
+        default=0.80,
+        gt=0,
+        le=1,
+        description="Share of peak memory bandwidth reached reading the KV cache in attention (decode, verify "
+        "and prefill chunks). No attention profiles were available; 0.80 is the middle of the 0.63-0.86 that "
+        "memory-bound kernels reach in Vidur's H100 profiles (docs/reference/roofline.md).",
     )
     compute_efficiency: float = Field(
         default=0.70,
         gt=0,
         le=1,
-        description="Share of peak FLOP/s reached by large GEMMs (Vidur: 0.70-0.86 at >= 1024 tokens).",
+        description="Share of peak FLOP/s reached by GEMMs (compute roof of the smooth maximum) and attention, "
+        "fitted per GPU class to Vidur's GEMM profiles (docs/reference/kernel-profiles/).",
     )
     step_overhead_s: float = Field(
-        default=1.45e-3,
+        default=1.72e-3,
         ge=0,
-        description="Per-step CPU/engine overhead in seconds. 1.45e-3 makes Llama-3.1-8B BF16 on an H100 "
-        "SXM decode at ~7.5 ms/step at batch 1 (vLLM PR 16937: 133 tok/s): 16.06e9 B / (3.35e12 B/s x "
-        "0.80) = 5.99 ms + 1.45 ms; vLLM V1 blog: 1-1.5 ms. Same value on other GPUs (no better source).",
+        description="Per-step CPU/engine overhead in seconds, fitted so that Llama-3.1-8B BF16 on an H100 SXM "
+        "decodes at vLLM's measured 133 tok/s at batch 1 (PR 16937; experiments/calibration/"
+        "fit_batch1_overheads.py) once the kernel-profile step time (5.8 ms at a 225-token context) is in; "
+        "vLLM V1 blog: 1-1.5 ms of CPU overhead per step. Same value on other GPUs (no better source).",
+    )
+    gemm_transition_exponent: float = Field(
+        default=1.232,
+        ge=1,
+        le=16,
+        description="p of the smooth maximum ((W/(eta_bw BW))^p + (F/(eta_c P))^p)^(1/p) that gives a group of "
+        "GEMMs its time between the memory floor and the compute line (1: their sum; large: their max). "
+        "Fitted per GPU class to Vidur's GEMM profiles (docs/reference/kernel-profiles/, "
+        "experiments/calibration/fit_kernel_profiles.py); default: the H100 fit.",
+    )
+    gemm_launch_s: float = Field(
+        default=6.89e-6,
+        ge=0,
+        description="Fixed time per GEMM kernel in seconds (launch, ramp-up and tail of a wave), fitted with "
+        "the three other GEMM fields; default: the H100 fit.",
+    )
+    elementwise_bandwidth_efficiency: float = Field(
+        default=0.583,
+        gt=0,
+        le=1,
+        description="Share of peak memory bandwidth reached by the non-GEMM per-token operators (RMSNorm, "
+        "rotary, activation, residual add), fitted to Vidur's profiles of them; default: the H100 fit.",
+    )
+    elementwise_launch_s: float = Field(
+        default=2.50e-6,
+        ge=0,
+        description="Fixed time per non-GEMM kernel in seconds (5 per decoder layer), fitted with "
+        "elementwise_bandwidth_efficiency; default: the H100 fit.",
+    )
+    sampler_passes_per_logit: float = Field(
+        default=4.0,
+        ge=0,
+        description="Full passes over one logit position's fp32 logits (vocab x 4 bytes) by the lm_head output "
+        "and vLLM's sampler (v1/sample/sampler.py: write, temperature, log-softmax/softmax, argmax or "
+        "sample), at bandwidth_efficiency.",
+    )
+    rejection_sampler_passes_per_logit: float = Field(
+        default=3.0,
+        ge=0,
+        description="Extra passes per verified position of vLLM's rejection sampler "
+        "(v1/sample/rejection_sampler.py: target probabilities, acceptance test, recovered distribution).",
+    )
+    per_request_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="CPU time per scheduled request and step in seconds (input preparation, attention metadata, "
+        "detokenisation), fitted to small-batch decode steps (experiments/calibration/).",
     )
     interconnect_efficiency: float = Field(
         default=0.70,

@@ -79,6 +79,25 @@ class SloConfig(_Strict):
     tpot_s: float | None = Field(default=None, gt=0.0)
 
 
+class MeasureWindow(_Strict):
+    """A steady-state measurement window (``simulation.measure``), to compare with ``vllm bench`` numbers
+    measured at a fixed batch without the warm-up and the final drain.
+
+    The window starts at ``after_s`` (s) or at the finish of the ``after_completed``-th completed request,
+    whichever is later (default 0), and ends at ``until_s`` or at the finish of the ``until_completed``-th
+    completed request, whichever is earlier (default: the last finish). The summary's
+    ``measurement_window`` reports over it: ``start_s``, ``end_s``, ``completed`` (requests finishing in
+    it), ``request_throughput``, ``output_throughput`` and ``total_token_throughput`` (their requests and
+    tokens per second of the window) and ``tpot_s`` of those requests. Counting whole requests by their
+    finish time is unbiased in steady state (renewal-reward) and exact in the simulated clock.
+    """
+
+    after_s: float | None = Field(default=None, ge=0.0)
+    until_s: float | None = Field(default=None, gt=0.0)
+    after_completed: int | None = Field(default=None, ge=0)
+    until_completed: int | None = Field(default=None, ge=1)
+
+
 class SimulationConfig(_Strict):
     """How to simulate.
 
@@ -87,10 +106,13 @@ class SimulationConfig(_Strict):
             step at a time; slower, same results bit for bit: the check that keeps ``run`` honest).
         max_time_s: stop at the first step boundary after this simulated time (s); unfinished requests
             are reported as such.
+        measure: a steady-state measurement window (see :class:`MeasureWindow`); the whole-run metrics
+            are reported unchanged beside it.
     """
 
     mode: Literal["run", "step"] = "run"
     max_time_s: float | None = Field(default=None, gt=0.0)
+    measure: MeasureWindow | None = None
 
 
 class DeploymentConfig(_Strict):

@@ -398,7 +398,7 @@ class Engine:
                 logits += 1
             if not (n == 1 and gen[r] >= 1 and c == P[r] + gen[r] - 1):
                 prefill += n
-        d = self.st.step_ps(tokens, logits, kv, pairs)
+        d = self.st.step_ps(tokens, logits, kv, pairs, len(sched))
         t1 = t0 + d
         used = self.total_blocks - free
         if self.tracer is not None:
@@ -545,7 +545,7 @@ class Engine:
         """A run of decode-only steps up to the next event, in O(1)."""
         t0 = self.now
         K = self.st.decode_ps_per_token
-        d0 = self.st.base_ps(B, B) + K * (self.A + B * g)
+        d0 = self.st.base_ps(B, B, B) + K * (self.A + B * g)
         inc = K * B
         n = self._next_finish() - g + 1  # up to the step where the first decoder finishes
         released = 0
@@ -722,7 +722,7 @@ class Engine:
             prefill += n
             if c + n == P[r] + gen[r]:
                 logits += 1
-        d = self.st.step_ps(tokens, logits, kv, pairs)
+        d = self.st.step_ps(tokens, logits, kv, pairs, B + len(sched))
         t1 = t0 + d
         used = self.total_blocks - free
         if self.tracer is not None:

@@ -281,7 +281,7 @@ class SpecEngine(Engine):
                     logits += 1
                     nsamp += 1
         k_new = self._k_new(len(sched))
-        d_step = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
+        d_step = self.st.step_ps(tokens, logits, kv, pairs, len(sched)) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
         t1 = t0 + d_step
         used = self.total_blocks - free
         if self.tracer is not None:
@@ -569,7 +569,7 @@ class SpecEngine(Engine):
         vals = tab[tok]
         if (vals < 0).any():
             for t in np.unique(tok[vals < 0]).tolist():
-                tab[t] = self.st.base_ps(t, t)
+                tab[t] = self.st.tokens_ps(t, t)
             vals = tab[tok]
         return vals
 
@@ -629,7 +629,7 @@ class SpecEngine(Engine):
         if t_lim is not None and n > 1:
             # step times only grow within a run (contexts grow), so the first step's time bounds how many
             # steps can pass before t_lim: evaluate no more than that
-            d_first = st.base_ps(B, B) + (st.kv_ps_per_token + kd) * int(self.NCB[g])
+            d_first = st.base_ps(B, B, B) + (st.kv_ps_per_token + kd) * int(self.NCB[g])
             n = min(n, (t_lim - t0) // max(d_first, 1) + 2)
         if n <= SHORT_RUN and not self.var_q:
             self._short_run(g, B, n, t_lim, k_step, k_new, kd)
@@ -647,14 +647,14 @@ class SpecEngine(Engine):
                 end = g + n
                 ncb, tok = ncb[:n], tok[:n]
             ctx = ncb + tok
-            d = self._base_vec(tok) + (st.kv_ps_per_token + kd) * ctx + st.attn_ps_per_pair * (self.QNCB[g:end] + self.QQ[g:end])
+            d = self._base_vec(tok) + st.request_ps_per_request * B + (st.kv_ps_per_token + kd) * ctx + st.attn_ps_per_pair * (self.QNCB[g:end] + self.QQ[g:end])
             if k_new > 0:
                 d += np.array([dr.const_ps(t, B, k_new) for t in tok.tolist()], dtype=np.int64)
             tok0 = int(tok[0])
         else:
             q = self.width[k_step] + 1
             tok0 = B * q
-            const = (st.base_ps(tok0, tok0) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
+            const = (st.base_ps(tok0, tok0, B) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
                      + dr.const_ps(tok0, B, k_new))
             d = (st.kv_ps_per_token + kd + st.attn_ps_per_pair * q) * ncb + const
         ends = np.cumsum(d)
@@ -689,7 +689,7 @@ class SpecEngine(Engine):
         t0 = self.now
         q = self.width[k_step] + 1
         tok0 = B * q
-        const = (st.base_ps(tok0, tok0) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
+        const = (st.base_ps(tok0, tok0, B) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
                  + dr.const_ps(tok0, B, k_new))
         slope = st.kv_ps_per_token + kd + st.attn_ps_per_pair * q
         ncb = self.NCB[g:g + n].tolist()
@@ -803,7 +803,7 @@ class SpecEngine(Engine):
                 nsamp += 1
         batch = B + len(sched) + (len(zombies) if zombies else 0)
         k_new = self._k_new(batch)
-        d = self.st.step_ps(tokens, logits, kv, pairs) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
+        d = self.st.step_ps(tokens, logits, kv, pairs, batch) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
         t1 = t0 + d
         used = self.total_blocks - free
         if self.tracer is not None:

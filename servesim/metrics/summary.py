@@ -17,7 +17,49 @@ from servesim.metrics.steps import itl_samples, time_weighted
 SLO_KEYS: tuple[str, ...] = ("ttft_s", "tpot_s", "e2e_s")
 
 
-def summarize(out: EngineOutput, slo: dict | None = None) -> dict:
+def measurement_window(out: EngineOutput, measure) -> dict:
+    """Throughput over a steady-state window (see :class:`servesim.config.models.MeasureWindow`).
+
+    Args:
+        out: the engine's output.
+        measure: the window (``after_s``, ``until_s``, ``after_completed``, ``until_completed``).
+
+    Returns:
+        ``{start_s, end_s, completed, request_throughput, output_throughput, total_token_throughput,
+        tpot_s}`` (requests/s, tokens/s; ``tpot_s`` as in :func:`summarize`); throughputs are 0 and
+        ``tpot_s`` has ``None`` entries when the window is empty.
+    """
+    req = out.requests
+    lat = request_latencies(req)
+    done = lat["completed"]
+    finish = np.asarray(req.finish_s, dtype=np.float64)
+    order = np.sort(finish[done])
+    start = float(measure.after_s or 0.0)
+    end = float(order[-1]) if len(order) else 0.0
+    if measure.after_completed and len(order):
+        start = max(start, float(order[min(measure.after_completed, len(order)) - 1]))
+    if measure.until_s is not None:
+        end = min(end, float(measure.until_s))
+    if measure.until_completed and len(order):
+        end = min(end, float(order[min(measure.until_completed, len(order)) - 1]))
+    inside = done & (finish > start) & (finish <= end)
+    span = end - start
+    out_tokens = float(np.asarray(req.output_tokens, dtype=np.int64)[inside].sum())
+    in_tokens = float(np.asarray(req.prompt_tokens, dtype=np.int64)[inside].sum())
+    count = int(np.count_nonzero(inside))
+    tpot = lat["tpot_s"][inside]
+    return {
+        "start_s": start,
+        "end_s": end,
+        "completed": count,
+        "request_throughput": count / span if span > 0 else 0.0,
+        "output_throughput": out_tokens / span if span > 0 else 0.0,
+        "total_token_throughput": (out_tokens + in_tokens) / span if span > 0 else 0.0,
+        "tpot_s": distribution_stats(tpot[~np.isnan(tpot)]),
+    }
+
+
+def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
     """Summarise one engine run, following ``vllm bench serve``'s definitions.
 
     Latency distributions are over COMPLETED requests (``finish_s`` set), as ``vllm bench serve`` counts
@@ -45,7 +87,9 @@ def summarize(out: EngineOutput, slo: dict | None = None) -> dict:
         ``saturated`` (bool, rule of :mod:`servesim.metrics.saturation`) and
         ``waiting_queue_slope_per_s`` (requests/s); with ``slo``: ``goodput`` (good requests/s over
         ``duration_s``) and ``slo_attainment`` (good requests / ``num_requests``); with speculative
-        decoding counters: ``spec_decode`` (see :func:`spec_decode_summary`).
+        decoding counters: ``spec_decode`` (see :func:`spec_decode_summary`); with ``measure`` (a
+        :class:`~servesim.config.models.MeasureWindow`): ``measurement_window`` (see
+        :func:`measurement_window`).
 
     Raises:
         ConfigError: ``slo`` has an unknown key or a non-positive/non-numeric objective.
@@ -98,6 +142,8 @@ def summarize(out: EngineOutput, slo: dict | None = None) -> dict:
         summary["slo_attainment"] = float(n_good / n) if n else 0.0
     if out.spec_counters:
         summary["spec_decode"] = spec_decode_summary(out.spec_counters)
+    if measure is not None:
+        summary["measurement_window"] = measurement_window(out, measure)
     return summary
 
 

@@ -32,9 +32,10 @@ servesim's own keys (vLLM has no equivalent):
 * ``draft_cost``: the seed lesson's simple cost mode: one draft step costs ``draft_cost`` x a plain target
   decode step of the same batch (Leviathan et al.'s c). Replaces the drafter roofline.
 * ``ngram_cpu_s_per_request``: CPU time of the n-gram proposer per request per step (s; default 10 us).
-* ``draft_pass_overhead_s``: launch/sampling overhead of each drafter forward pass (s; default 0.6 ms,
-  calibrated so that EAGLE on Llama-3.1-8B/H100 at batch 1 matches vLLM PR 16937: 201.7, 198 and 169.9
-  tok/s at K = 2, 4, 7 all imply ~1.1 ms per drafter pass, of which the roofline gives ~0.55 ms).
+* ``draft_pass_overhead_s``: fixed CPU/launch overhead of each drafter forward pass (s; default 0.61 ms,
+  fitted so that EAGLE on Llama-3.1-8B/H100 at batch 1 matches vLLM PR 16937: 201.7, 198 and 169.9
+  tok/s at K = 2, 4, 7; experiments/calibration/fit_batch1_overheads.py). Everything of a pass that grows
+  with the batch is in the drafter's own step-time model (servesim.speculation.costs).
   Ignored by the ``ideal`` roofline.
 * ``draft_tree``: a tree-shaped draft (branching factor per depth, e.g. ``[2, 2]``: 2 + 4 = 6 draft
   tokens verified per round, depth 2), as EAGLE/Medusa/SpecInfer draw it. Each round verifies all the
@@ -123,7 +124,7 @@ class SpeculativeConfig(BaseModel):
     acceptance: Any = None
     draft_cost: float | None = Field(default=None, ge=0.0)
     ngram_cpu_s_per_request: float = Field(default=10e-6, ge=0.0)
-    draft_pass_overhead_s: float = Field(default=0.6e-3, ge=0.0)
+    draft_pass_overhead_s: float = Field(default=0.61e-3, ge=0.0)
     draft_head: dict[str, Any] | None = None
     draft_tree: list[int] | None = None
     temperature: float = Field(default=0.0, ge=0.0)

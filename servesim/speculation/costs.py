@@ -10,8 +10,12 @@ The drafter runs in the same engine step, after the target's forward pass and re
       t_draft = t_pass(T tokens) + (k - 1) * t_pass(n requests) + k * (kv_draft * sum(ctx) + t_launch)
 
   A draft model is a model card (its weights and KV cache share the GPU memory and the KV block pool). An
-  EAGLE/EAGLE-3/Medusa/MTP head is, by default, one decoder layer of the target's width plus the target's
+  EAGLE/EAGLE-3/Medusa/MTP head is, by default, one decoder layer of the target's shape plus the target's
   lm_head (which it reads but does not store twice); ``draft_head`` overrides it with any model card.
+  The per-pass GEMM, non-GEMM, lm_head and sampler times all grow with the pass's tokens (the first pass
+  over the step's tokens, passes 2..k over one token per request); the only constant is the named
+  ``draft_pass_overhead_s`` per pass (fitted to vLLM PR 16937's EAGLE-1 batch-1 points,
+  ``experiments/calibration/fit_batch1_overheads.py``): the proposer's CPU work and launches per pass.
 * ``ngram``/``suffix``: a CPU proposer after the bookkeeping: ``n requests * ngram_cpu_s_per_request``.
 * The seed lesson's simple mode (``draft_cost = c``): ``k * c * t_target_decode(n requests)``, where the
   target decode step is the context-free part of a plain decode step of the same batch (Example 12).
@@ -60,10 +64,10 @@ class DrafterCost:
             if self.kind == "cpu":
                 v = num_requests * self.cpu_ps_per_request
             elif self.kind == "simple":
-                v = k * round(self.c * self.target.base_ps(num_requests, num_requests))
+                v = k * round(self.c * self.target.base_ps(num_requests, num_requests, num_requests))
             else:
                 d = self.draft_model
-                v = (d.base_ps(num_tokens, num_requests) + (k - 1) * d.base_ps(num_requests, num_requests)
+                v = (d.base_ps(num_tokens, num_requests, 0) + (k - 1) * d.base_ps(num_requests, num_requests, 0)
                      + k * self.pass_overhead_ps)
             self._cache[key] = v
         return v
@@ -76,21 +80,34 @@ class DrafterCost:
 
 
 def head_card(target) -> dict:
-    """Default EAGLE/Medusa/MTP head: one decoder layer of the target plus its lm_head (explicit card).
+    """Default EAGLE/EAGLE-3/Medusa/MTP head: one decoder layer of the target plus its lm_head.
 
-    Weights read per pass: one layer's matmul parameters plus the lm_head; KV: one layer's worth.
+    An architecture card with the target's shape and ``num_hidden_layers: 1`` (a MoE target gives a MoE
+    layer; no sliding window, no MTP modules), so each pass is timed like the target's layers: the layer's
+    GEMMs over the pass's tokens, its non-GEMM operators, the lm_head and sampler over one position per
+    request (vLLM ``v1/spec_decode/eagle.py`` computes the drafter's logits at each request's last
+    position only), and the layer's KV read. The embedding and lm_head are the target's (shared, not
+    stored twice: see :func:`build_drafter`). An explicit target (no architecture) gives an explicit head:
+    ``num_params / layers``.
     """
-    layers = max(int(getattr(target, "num_hidden_layers", 1) or 1), 1)
-    per_layer = float(target.linear_flops_per_token) / 2.0 / layers
-    lm_head = float(target.lm_head_flops_per_token) / 2.0
-    return {
-        "name": f"{target.name}-draft-head",
-        "num_params": per_layer + lm_head,
-        "kv_bytes_per_token": float(target.kv_bytes_per_token) / layers,
-        "weight_dtype": str(getattr(target, "weight_dtype", "bf16")),
-        "max_model_len": int(getattr(target, "max_model_len", 0) or 131072),
-        "source": "servesim default drafter head: one target decoder layer + the target's lm_head",
-    }
+    if target.is_explicit:
+        layers = max(int(getattr(target, "num_hidden_layers", 1) or 1), 1)
+        return {
+            "name": f"{target.name}-draft-head",
+            "num_params": float(target.linear_flops_per_token) / 2.0 / layers,
+            "kv_bytes_per_token": float(target.kv_bytes_per_token) / layers,
+            "weight_dtype": str(target.weight_dtype),
+            "max_model_len": int(target.max_model_len),
+            "source": "servesim default drafter head: one target decoder layer",
+        }
+    data = target.model_dump(exclude_none=True, by_alias=True)
+    data.update(name=f"{target.name}-draft-head", num_hidden_layers=1, first_k_dense_replace=0,
+                num_nextn_predict_layers=0,
+                source="servesim default drafter head: one target decoder layer + the target's lm_head")
+    data.pop("sliding_window", None)
+    data.pop("sliding_window_layers", None)
+    data.pop("hf_repo", None)
+    return data
 
 
 def build_drafter(spec, hardware, target, tensor_parallel_size: int, mode: str, target_step: StepTimeModel,
@@ -112,11 +129,15 @@ def build_drafter(spec, hardware, target, tensor_parallel_size: int, mode: str, 
         weights = float(card.weight_bytes) / tp
     else:
         card = load_model(spec.draft_head if spec.draft_head is not None else head_card(target), base_dir=base_dir)
-        shared_lm_head = 0.0 if spec.draft_head is not None else float(target.lm_head_flops_per_token) / 2.0
-        weights = max(float(card.weight_bytes) - shared_lm_head * float(card.bytes_per_weight), 0.0) / tp
-    model = build_step_time_model(hardware, card, tp, mode)
-    model.overhead_s = 0.0  # same engine step as the target pass: no second per-step overhead
-    model._base_cache.clear()
+        shared = 0.0  # the default head reads the target's embedding and lm_head: not stored twice
+        if spec.draft_head is None and not card.is_explicit:
+            from servesim.cards.dtypes import bytes_per_element
+
+            pc = card.param_counts
+            shared = (pc.input_embedding + pc.lm_head) * bytes_per_element(card.resolved_embedding_dtype)
+        weights = max(float(card.weight_bytes) - shared, 0.0) / tp
+    # same engine step as the target pass: no second per-step or per-request overhead
+    model = build_step_time_model(hardware, card, tp, mode, step_overhead=False)
     return DrafterCost(
         kind="model",
         weight_bytes_per_gpu=weights,

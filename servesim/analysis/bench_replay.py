@@ -1,0 +1,185 @@
+"""A user's ``vllm bench serve --save-result`` JSON as a validation case: replay its requests, compare.
+
+A case file may list, beside ``cases:``, ``vllm_bench:`` entries (:class:`BenchCase`)::
+
+    vllm_bench:
+      - name: my-h100
+        bench_result: bench-8.json         # vllm bench serve ... --save-result --result-filename bench-8.json
+        config:                            # the server's settings (a run config without the workload)
+          hardware: h100-sxm
+          model: llama-3.1-8b
+          engine: {max_num_seqs: 256}
+        tolerance: 0.05
+
+or ``servesim validate --vllm-bench bench-8.json --server server.yaml``. The workload is rebuilt from the
+result: its requests' (input, output) lengths (``input_lens``/``output_lens``, written with
+``--save-detailed``; otherwise every request gets the mean lengths ``total_input_tokens / completed`` and
+``total_output_tokens / completed``), ``completed`` requests in all, sent like the benchmark sent them:
+``max_concurrency`` clients in a closed loop when it was set, else Poisson arrivals at ``request_rate``
+(gamma gaps of coefficient of variation ``1 / sqrt(burstiness)`` when ``burstiness`` is not 1), else all at
+once (``request_rate: inf``). With per-request lengths the closed and Poisson loops resample the pairs
+(``lengths: {type: empirical}``); the all-at-once replay keeps them in order. Reported: mean TTFT
+(``mean_ttft_ms``), mean TPOT (``mean_tpot_ms``) and output throughput (``output_throughput``), measured
+against simulated (keys of vLLM's ``benchmarks/serve`` result JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from servesim.errors import ConfigError
+
+METRICS: tuple[tuple[str, str, str, float], ...] = (
+    # (result key, servesim summary key, unit, factor from the result's unit to servesim's)
+    ("mean_ttft_ms", "ttft_s.mean", "s", 1e-3),
+    ("mean_tpot_ms", "tpot_s.mean", "s", 1e-3),
+    ("output_throughput", "output_throughput", "tok/s", 1.0),
+)
+"""What a replay reports: measured key of the result, simulated summary key, unit, unit factor."""
+
+
+class BenchCase(BaseModel):
+    """A ``vllm bench serve --save-result`` result and the server settings it was measured with."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    name: str = Field(min_length=1)
+    bench_result: str = Field(min_length=1, description="the result JSON, relative to the case file")
+    config: dict[str, Any] | str = Field(description="run config without workload, or a path to one")
+    source: str = "vllm bench serve --save-result"
+    tolerance: float = Field(0.10, gt=0, lt=1)
+    tolerance_source: str = ""
+    seed: int = Field(0, ge=0)
+    fast: bool = True
+    notes: str = ""
+
+
+def _number(obj: dict, key: str, where: str, *, allow_inf: bool = False) -> float | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str) and allow_inf and value.lower() in ("inf", "infinity"):
+        return math.inf
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+        raise ConfigError(f"{where}: {key}: expected a number >= 0 (got {value!r})")
+    return float(value)
+
+
+def read_bench_result(path: Path) -> dict:
+    """The result object of a ``--save-result`` JSON file (the first one of a list or JSON lines).
+
+    Raises:
+        ConfigError: missing file, invalid JSON, or not an object with ``completed`` > 0.
+    """
+    from servesim.config.loading import read_text
+
+    text = read_text(path)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        first = next((line for line in text.splitlines() if line.strip()), "")
+        try:
+            data = json.loads(first)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"{path}: invalid JSON ({exc.msg})") from None
+    if isinstance(data, list) and data:
+        data = data[0]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a `vllm bench serve --save-result` result object")
+    completed = _number(data, "completed", str(path))
+    if not completed:
+        raise ConfigError(f"{path}: completed: expected a positive number of requests")
+    return data
+
+
+def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
+    """The workload config that replays ``result`` (writes a lengths file into ``folder`` when needed).
+
+    Returns:
+        (workload mapping, description of how the requests were rebuilt).
+
+    Raises:
+        ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals).
+    """
+    n = int(_number(result, "completed", where) or 0)
+    ins, outs = result.get("input_lens"), result.get("output_lens")
+    if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) and ins:
+        pairs = [(max(int(i), 1), max(int(o), 1)) for i, o in zip(ins, outs)]
+        how = f"{len(pairs)} (input, output) pairs of the result"
+    else:
+        total_in, total_out = _number(result, "total_input_tokens", where), _number(result, "total_output_tokens", where)
+        if total_in is None or total_out is None:
+            raise ConfigError(f"{where}: expected input_lens/output_lens (--save-detailed) or "
+                              "total_input_tokens and total_output_tokens")
+        pairs = [(max(round(total_in / n), 1), max(round(total_out / n), 1))] * n
+        how = f"{n} requests of the mean lengths {pairs[0][0]} / {pairs[0][1]} tokens (no input_lens in the result)"
+    trace = folder / "bench-requests.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"2024-01-01 00:00:00.0000000,{i},{o}" for i, o in pairs]
+    trace.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    lengths = {"type": "empirical", "path": str(trace), "format": "azure"}
+    conc = _number(result, "max_concurrency", where)
+    rate = _number(result, "request_rate", where, allow_inf=True)
+    burst = _number(result, "burstiness", where) or 1.0
+    if conc:
+        return ({"type": "closed_loop", "concurrency": int(conc), "num_requests": n, "lengths": lengths},
+                f"{how}, resampled by {int(conc)} closed-loop clients")
+    if rate is not None and math.isfinite(rate) and rate > 0:
+        if burst == 1.0:
+            return ({"type": "poisson", "rate": rate, "num_requests": n, "lengths": lengths},
+                    f"{how}, resampled, Poisson arrivals at {rate:g} req/s")
+        return ({"type": "gamma", "rate": rate, "cv": 1.0 / math.sqrt(burst), "num_requests": n,
+                 "lengths": lengths}, f"{how}, resampled, gamma arrivals at {rate:g} req/s (burstiness {burst:g})")
+    return {"type": "trace", "path": str(trace), "format": "azure"}, f"{how}, all sent at once"
+
+
+def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
+    """Simulate the server on the replayed requests; one :class:`~servesim.analysis.validation.CaseResult`
+    per metric of :data:`METRICS` the result holds.
+
+    Raises:
+        ConfigError: unreadable result or server config, or an invalid setting (one line).
+    """
+    from servesim.analysis.validation import CaseResult, relative_error, summary_value
+    from servesim.api import simulate
+    from servesim.config.loading import load_yaml, validate
+    from servesim.config.models import SimConfig
+
+    base = case_file.resolve().parent
+    result_path = Path(case.bench_result)
+    if not result_path.is_absolute():
+        result_path = base / result_path
+    result = read_bench_result(result_path)
+    server = case.config
+    folder = base
+    if isinstance(server, str):
+        path = Path(server) if Path(server).is_absolute() else base / server
+        server = load_yaml(path)
+        if not isinstance(server, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+        folder = path.resolve().parent
+    with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:
+        workload, how = replay_workload(result, str(result_path), Path(tmp))
+        data = {**server, "workload": workload}
+        cfg = validate(SimConfig, data, f"{where}.config")
+        summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
+    out = []
+    for key, sim_key, unit, factor in METRICS:
+        value = _number(result, key, str(result_path))
+        if not value:
+            continue
+        measured = value * factor
+        simulated = summary_value(summary, sim_key, f"{where}")
+        rel = relative_error(simulated, measured, measured)
+        out.append(CaseResult(
+            name=f"{case.name}-{sim_key.split('.')[0]}", source=case.source, metric=sim_key, unit=unit,
+            measured_low=measured, measured_high=measured, simulated=simulated, relative_error=rel,
+            tolerance=case.tolerance, within=abs(rel) <= case.tolerance + 1e-12, detail=how,
+            notes=case.notes.strip(), role="prediction"))
+    return out

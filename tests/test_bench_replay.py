@@ -1,0 +1,70 @@
+"""servesim validate with a user's `vllm bench serve --save-result` JSON: replay, report, --strict."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servesim.analysis.bench_replay import replay_workload
+from servesim.cli import main
+from servesim.errors import ConfigError
+
+SERVER = "hardware: lesson-h100-sxm\nmodel: lesson-8b-fp16\nroofline: {mode: ideal}\n"
+STEP_S = 16e9 / 3.35e12  # every step of this server below ~295 tokens
+
+
+def _result(**extra):
+    # one client, 4 requests of 10 + 11 tokens, all steps 4.776 ms: TTFT = 1 step, TPOT = 1 step,
+    # output throughput = 44 tokens / 44 steps
+    base = {"completed": 4, "total_input_tokens": 40, "total_output_tokens": 44, "max_concurrency": 1,
+            "request_rate": "inf", "burstiness": 1.0, "mean_ttft_ms": STEP_S * 1e3,
+            "mean_tpot_ms": STEP_S * 1e3, "output_throughput": 1 / STEP_S, "duration": 44 * STEP_S}
+    base.update(extra)
+    return base
+
+
+def _write(tmp_path, result):
+    (tmp_path / "server.yaml").write_text(SERVER)
+    (tmp_path / "r.json").write_text(json.dumps(result))
+    return ["validate", "--vllm-bench", str(tmp_path / "r.json"), "--server", str(tmp_path / "server.yaml"),
+            "--out", str(tmp_path / "out")]
+
+
+def test_replay_reproduces_a_hand_worked_benchmark(tmp_path, capsys):
+    # exact to the engine's picosecond clock: a 1e-6 tolerance
+    assert main(_write(tmp_path, _result()) + ["--strict", "--tolerance", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "3 of 3 cases within tolerance" in out
+    rows = (tmp_path / "out" / "validation.csv").read_text().splitlines()
+    assert len(rows) == 4 and rows[1].startswith("r-ttft_s,")
+
+
+def test_strict_exits_1_when_a_case_is_outside_default_reports_only(tmp_path, capsys):
+    args = _write(tmp_path, _result(mean_tpot_ms=STEP_S * 1e3 * 1.2))  # measured 20% slower than simulated
+    assert main(args) == 0
+    assert main(args + ["--strict"]) == 1
+    assert "Outside tolerance" in capsys.readouterr().out
+
+
+def test_replay_workload_follows_how_the_benchmark_sent_requests(tmp_path):
+    closed, _ = replay_workload(_result(), "r.json", tmp_path)
+    assert closed["type"] == "closed_loop" and closed["concurrency"] == 1 and closed["num_requests"] == 4
+    poisson, _ = replay_workload(_result(max_concurrency=None, request_rate=2.5), "r.json", tmp_path)
+    assert poisson["type"] == "poisson" and poisson["rate"] == 2.5
+    gamma, _ = replay_workload(_result(max_concurrency=None, request_rate=2.5, burstiness=0.25), "r.json", tmp_path)
+    assert gamma["type"] == "gamma" and gamma["cv"] == pytest.approx(2.0)
+    burst, how = replay_workload(_result(max_concurrency=None, input_lens=[5, 7], output_lens=[3, 4]),
+                                 "r.json", tmp_path)
+    assert burst["type"] == "trace" and "2 (input, output) pairs" in how
+    assert (tmp_path / "bench-requests.csv").read_text().splitlines()[1:] == [
+        "2024-01-01 00:00:00.0000000,5,3", "2024-01-01 00:00:00.0000000,7,4"]
+
+
+def test_bad_result_and_missing_server_are_one_line(tmp_path, capsys):
+    with pytest.raises(ConfigError, match="total_input_tokens"):
+        replay_workload({"completed": 3}, "r.json", tmp_path)
+    (tmp_path / "r.json").write_text(json.dumps(_result()))
+    assert main(["validate", "--vllm-bench", str(tmp_path / "r.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().count("\n") == 0 and "--server" in err

@@ -1,0 +1,51 @@
+"""Drafter costs on the step-time model: an EAGLE head is one target layer plus the lm_head, timed like the
+target's layers; the only constant per pass is draft_pass_overhead_s."""
+
+from __future__ import annotations
+
+import pytest
+
+from servesim.cards import load_hardware, load_model
+from servesim.roofline import PS_PER_S, build_step_time_model
+from servesim.speculation.config import SpeculativeConfig
+from servesim.speculation.costs import build_drafter, head_card
+
+
+@pytest.fixture(scope="module")
+def eagle():
+    hw, target = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3)
+    st = build_step_time_model(hw, target, 1, speculative=True)
+    return hw, target, spec, build_drafter(spec, hw, target, 1, "calibrated", st)
+
+
+def test_default_head_is_one_target_layer_sharing_embedding_and_lm_head(eagle):
+    _, target, _, drafter = eagle
+    head = load_model(head_card(target))
+    assert head.num_hidden_layers == 1 and head.hidden_size == target.hidden_size
+    assert head.kv_bytes_per_token == target.kv_bytes_per_token // target.num_hidden_layers
+    layer_bytes = (target.weight_bytes - 2 * target.vocab_size * target.hidden_size * 2) / target.num_hidden_layers
+    assert drafter.weight_bytes_per_gpu == pytest.approx(layer_bytes, rel=1e-3)
+
+
+def test_draft_passes_are_the_head_on_the_step_model_plus_the_named_overhead(eagle):
+    hw, target, spec, drafter = eagle
+    head = build_step_time_model(hw, load_model(head_card(target)), 1, step_overhead=False)
+    overhead = round(spec.draft_pass_overhead_s * PS_PER_S)
+    for tokens, requests, k in ((1, 1, 3), (512, 64, 3), (1024, 256, 2)):
+        expected = head.base_ps(tokens, requests, 0) + (k - 1) * head.base_ps(requests, requests, 0) + k * overhead
+        assert drafter.const_ps(tokens, requests, k) == expected
+
+
+def test_no_constant_stands_in_for_what_grows_with_the_batch(eagle):
+    _, _, spec, drafter = eagle
+    overhead = round(spec.draft_pass_overhead_s * PS_PER_S)
+
+    def variable(batch):  # drafting time of a verify step of batch x 4 tokens, minus the fixed overheads
+        return drafter.const_ps(4 * batch, batch, 3) - 3 * overhead
+
+    growth = [variable(b) for b in (1, 8, 32, 64, 128, 256)]
+    assert all(b > a for a, b in zip(growth, growth[1:]))
+    # at 256 requests the head's passes cost 2.5 times their batch-1 time (lm_head over 256 rows,
+    # the sampler over 256 x vocab logits, a 1,024-token first pass)
+    assert growth[-1] > 2 * growth[0]
