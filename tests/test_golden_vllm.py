@@ -40,11 +40,16 @@ class ConstantStepTime:
     kv_ps_per_token = 0
     attn_ps_per_pair = 0
     decode_ps_per_token = 0
+    request_ps_per_request = 0
 
-    def base_ps(self, num_tokens: int, num_logits: int) -> int:
+    def tokens_ps(self, num_tokens: int, num_logits: int) -> int:
         return STEP_PS
 
-    def step_ps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int) -> int:
+    def base_ps(self, num_tokens: int, num_logits: int, num_requests: int = 0) -> int:
+        return STEP_PS
+
+    def step_ps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int,
+                num_requests: int = 0) -> int:
         return STEP_PS
 
 
