@@ -36,6 +36,7 @@ import numpy as np
 
 from servesim.engine.arrivals import ArrivalSource
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
+from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, StepTimeModel
 
 
@@ -250,11 +251,18 @@ class Engine:
         return freed
 
     def _stalled(self) -> None:
-        # Nothing could be scheduled although requests wait: no later step could differ, so the run
-        # would loop for ever. The constructor's checks make this unreachable for valid settings.
-        raise ValueError(
-            f"engine stalled at t={self.now / PS_PER_S:.6f} s: {len(self.waiting)} waiting request(s) can never "
-            "be scheduled with these settings"
+        """Nothing could be scheduled although requests wait: no later step could differ, so the run would
+        loop for ever. The constructors' capacity checks make this unreachable for valid settings.
+
+        Raises:
+            ConfigError: one line naming the stuck request and the settings to change.
+        """
+        r = self.waiting[0] if self.waiting else next(iter(self.running))
+        raise ConfigError(
+            f"engine: stalled at t={self.now / PS_PER_S:.6f} s: request {r} ({self.P[r]} prompt + {self.gen[r]} "
+            f"generated tokens) can never be scheduled in a cache of {self.total_blocks} blocks of {self.bs} tokens "
+            f"with max_num_batched_tokens={self.M}: raise engine.num_gpu_blocks_override (or gpu_memory_utilization) "
+            "or engine.max_num_batched_tokens"
         )
 
     def _emit(self, r: int, t0: int, t1: int) -> bool:

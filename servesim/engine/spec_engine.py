@@ -121,13 +121,34 @@ class SpecEngine(Engine):
         self.segments: list[tuple] = []  # (accepted per round, tokens per round or None, k) of finished timelines
         self.k_agg = self.k_next
         self.base_tab = np.full(self.M + 1, -1, dtype=np.int64)
-        bs, L = self.bs, self.L
-        if n and L:
-            longest = max(p + o for p, o in zip(self.P, self.O)) + L + self.K
-            if -(-longest // bs) > self.total_blocks:
-                raise ValueError(
-                    f"a request of {longest} tokens (with {L} lookahead slots) needs more KV blocks than the cache holds"
-                )
+        if n:
+            self._check_peak_fits()
+
+    def _check_peak_fits(self) -> None:
+        """Refuse a request whose largest one-step KV need exceeds the whole cache (it would stall the run).
+
+        A decoding request with ``P + g`` known tokens (``g <= O - 1`` generated) verifies ``1 + d`` tokens
+        and allocates slots for ``P + g + d + L``: its peak is ``P + O - 1 + w + L`` with ``w`` the widest
+        verify (``width[K]``: K drafts, or the tree's nodes) capped by the token budget (``w <= M - 1``), and
+        ``w = 0`` under llama.cpp's draft budget (``d <= O - g - 1``). A (re)prefill needs at most
+        ``P + O - 1 + L``. Without speculation the engine needs ``P + O`` (checked by the base class).
+
+        Raises:
+            ValueError: one line naming the request, its peak (tokens, blocks) and the settings to change.
+        """
+        drafts = 0 if self.budget_limit else min(self.width[self.K], self.M - 1)
+        total = np.asarray(self.P, dtype=np.int64) + np.asarray(self.O, dtype=np.int64)
+        peak = total - 1 + drafts + self.L
+        r = int(np.argmax(peak))
+        need = -(-int(peak[r]) // self.bs)
+        if need > self.total_blocks:
+            raise ValueError(
+                f"request {r} ({self.P[r]} prompt + {self.O[r]} output tokens) can need {int(peak[r])} KV slots "
+                f"({need} blocks of {self.bs} tokens) in one step under speculation ({drafts} draft tokens verified, "
+                f"{self.L} lookahead slots), more than the cache's {self.total_blocks} blocks: raise "
+                "engine.num_gpu_blocks_override or gpu_memory_utilization, or lower "
+                "speculative_config.num_speculative_tokens"
+            )
 
     def _preempt(self, victim: int) -> int:  # type: ignore[override]
         self.drafted[victim] = False
