@@ -608,7 +608,8 @@ class Engine:
         self.now = t1
         self.G = g + 1
         self._finish_decoders(g, t1)
-        self.partial = None
+        # a partial prefill left out by a full token budget (decoders took it all) stays partial
+        self.partial = None if p_scheduled else self.partial
         for r, n in sched:
             nc[r] += n
             if nc[r] == P[r] + gen[r]:

@@ -538,17 +538,32 @@ class SpecEngine(Engine):
         if self.partial is None and B and nb <= self.free:
             waiting = self.waiting
             blocked = True
-            if waiting and budget > 0 and len(self.running) < self.max_seqs:
+            head_tokens = None
+            if waiting and len(self.running) < self.max_seqs:
                 h = waiting[0]
                 total = self.P[h] + self.gen[h]
-                blocked = -(-total // self.bs) > self.free - nb or (not self.chunked and total > budget)
+                if -(-total // self.bs) <= self.free - nb:
+                    blocked = budget <= 0 or (not self.chunked and total > budget)
+                    head_tokens = total  # blocked by the token budget only, which varies within a run
             if blocked:
-                self._spec_run(g, B)
+                self._spec_run(g, B, head_tokens)
                 return
         self._spec_mixed_step(g)
 
-    def _spec_run(self, g: int, B: int) -> None:
-        """A run of decode-only steps up to the next event, as vector operations on the per-step sums."""
+    def _admissible_at(self, tok: np.ndarray, head_tokens: int) -> int | None:
+        """First step of a run (index into ``tok``, the decoders' scheduled tokens per step) whose token
+        budget would admit the waiting head of ``head_tokens`` tokens (chunked prefill: any budget left;
+        without: the whole prompt), or None. The verify width varies within a run (empty n-gram drafts,
+        llama.cpp's draft budget), so a head blocked at the run's first step can become admissible later."""
+        room = self.M - tok
+        ok = room > 0 if self.chunked else room >= head_tokens
+        return int(np.argmax(ok)) if ok.any() else None
+
+    def _spec_run(self, g: int, B: int, head_tokens: int | None = None) -> None:
+        """A run of decode-only steps up to the next event, as vector operations on the per-step sums.
+
+        ``head_tokens``: tokens of the waiting head when only the token budget keeps it out; the run then
+        ends before the first step whose budget admits it (:meth:`_admissible_at`)."""
         t0 = self.now
         k_step = self.k_agg
         k_new = self._k_new(B)
@@ -584,6 +599,12 @@ class SpecEngine(Engine):
                     return
                 end = g + n
                 ncb, tok = ncb[:n], tok[:n]
+            if head_tokens is not None:
+                first = self._admissible_at(tok, head_tokens)
+                if first is not None:  # >= 1: the first step keeps the head out
+                    n = first
+                    end = g + n
+                    ncb, tok = ncb[:n], tok[:n]
             ctx = ncb + tok
             d = self._base_vec(tok) + (st.kv_ps_per_token + kd) * ctx + st.attn_ps_per_pair * (self.QNCB[g:end] + self.QQ[g:end])
             if k_new > 0:
@@ -704,7 +725,8 @@ class SpecEngine(Engine):
         if k_new != self.k_agg and self.tl:
             self._retime(g + 1, k_new)
         self.k_agg = self.k_next = k_new
-        self.partial = None
+        # a partial prefill left out by a full token budget (decoders took it all) stays partial
+        self.partial = None if p_scheduled else self.partial
         for r, n in sched:
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
