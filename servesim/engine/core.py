@@ -39,6 +39,9 @@ from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, StepTimeModel
 
+KV_BLOCK_PS_MAX = 2**62
+"""Largest KV-block integral (blocks x ps) of one step-log row: longer runs are split so that it fits int64."""
+
 
 class Engine:
     """One replica's scheduler, KV-block pool and step clock.
@@ -140,6 +143,13 @@ class Engine:
         # Step log: one tuple per step or run (start, steps, first duration, increment, duration, batch,
         # tokens, prefill tokens, ITL samples per step, KV blocks used, waiting, preempted, k), in ps.
         self.rows: list[tuple] = []
+        # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
+        # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
+        self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of speculative runs
+        # decode runs whose integral is corrected at output: (row, steps, d0, inc, then cnt2's window of
+        # block_size counts at the run's first step), flat tuples of ints (untracked by the garbage collector)
+        self.kv_runs: list[tuple[int, ...]] = []
+        self.kv_safe_ps = KV_BLOCK_PS_MAX // self.total_blocks  # rows shorter than this always fit
         self.extra_itl: list[int] = []
         self._arrived: list[tuple[int, int]] = []
 
@@ -469,20 +479,21 @@ class Engine:
         if self.stale:
             n = 1
         if n > 1:
-            limits = []
-            if not self.waiting:
-                t_a = self.arrivals.next_time()
-                if t_a is not None:
-                    limits.append(t_a)
-            if self.max_time_ps is not None:
-                limits.append(self.max_time_ps)
-            for t_lim in limits:
-                if t0 + n * d0 + inc * (n * (n - 1) // 2) >= t_lim:
-                    n = self._steps_to_reach(t_lim - t0, d0, inc, n)
+            # every arrival ends the run, also behind a blocked queue: each row's waiting count is then
+            # the count of each of its steps (the queue is recorded at step level)
+            t_lim = self.arrivals.next_time()
+            if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
+                t_lim = self.max_time_ps
+            if t_lim is not None and t0 + n * d0 + inc * (n * (n - 1) // 2) >= t_lim:
+                n = self._steps_to_reach(t_lim - t0, d0, inc, n)
             if n > 1 and (n // self.bs + 1) * B > self.free:
                 n = min(n, self._max_decode_steps(g, self.free))
         nb = self._decode_blocks(g, n)
         dur = n * d0 + inc * (n * (n - 1) // 2)
+        if dur > self.kv_safe_ps and n > 1 and (self.total_blocks - self.free + nb) * dur >= KV_BLOCK_PS_MAX:
+            n = max(1, self._steps_to_reach(KV_BLOCK_PS_MAX // (self.total_blocks - self.free + nb), d0, inc, n) - 1)
+            nb = self._decode_blocks(g, n)
+            dur = n * d0 + inc * (n * (n - 1) // 2)
         t1 = t0 + dur
         self.free -= nb
         used = self.total_blocks - self.free
@@ -490,8 +501,40 @@ class Engine:
         self.now = t1
         self.G = g + n
         self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
+        if nb and n > 1:  # blocks allocated after the run's first step: correct the integral at output
+            top = (1 - g) % self.bs + self.bs
+            self.kv_runs.append((len(self.rows) - 1, n, d0, inc, *self.cnt2[top - self.bs + 1: top + 1]))
         if self.heap[0][0] == g + n - 1:
             self._finish_decoders(g + n - 1, t1)
+
+    def _kv_block_ps(self, used: np.ndarray, duration: np.ndarray) -> np.ndarray:
+        """Each row's KV integral (blocks in use x step duration, summed over its steps; ps), int64 (R,).
+
+        ``used * duration`` (the rows' blocks in use at their end and durations, int64 (R,)), corrected for
+        runs: speculative runs logged their correction (``kv_late``); in a plain decode run the blocks that
+        step ``i`` allocates
+        (``cnt[(1 - g - i) mod bs]``, periodic in ``i`` with period ``bs``, the window saved with the run) were
+        not in use before that step's start ``D_i = i d0 + inc i(i-1)/2``: subtract ``sum_i nb_i D_i``, each
+        residue's steps ``i = rho + bs t`` summed in closed form (sums of ``i`` and ``i^2`` over an
+        arithmetic progression). Exact in int64: every term is at most the row's integral, < 2**62.
+        """
+        kv = used * duration
+        for row, late in self.kv_late:
+            kv[row] -= late
+        if not self.kv_runs:
+            return kv
+        bs = self.bs
+        runs = np.asarray(self.kv_runs, dtype=np.int64)
+        row = runs[:, 0]
+        n, d0, inc = runs[:, 1:2], runs[:, 2:3], runs[:, 3:4]
+        counts = runs[:, :3:-1]  # column i: the blocks step i (mod bs) of the run allocates
+        rho = np.arange(bs, dtype=np.int64)[None, :]
+        m = np.maximum((n - 1 - rho) // bs + 1, 0)  # steps rho, rho + bs, ... below n
+        s1 = m * rho + bs * (m * (m - 1) // 2)
+        s2 = m * rho * rho + rho * bs * m * (m - 1) + bs * bs * ((m - 1) * m * (2 * m - 1) // 6)
+        late = (counts * (d0 * s1 + inc * ((s2 - s1) // 2))).sum(axis=1)
+        kv[row] -= late
+        return kv
 
     @staticmethod
     def _steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
@@ -598,7 +641,8 @@ class Engine:
             tokens += n
             kv += c + n
             pairs += n * c + n * (n + 1) // 2
-            prefill += n
+            if not (n == 1 and gen[r] >= 1 and c == P[r] + gen[r] - 1):  # as in _explicit_step: the last
+                prefill += n  # token of a recompute is the request's last sampled token, a decode token
             if c + n == P[r] + gen[r]:
                 logits += 1
         d = self.st.step_ps(tokens, logits, kv, pairs)
@@ -665,6 +709,8 @@ class Engine:
             num_waiting=cols[10].copy(),
             num_preempted=cols[11].copy(),
             k=cols[12].copy(),
+            start_ps=cols[0].copy(),
+            kv_block_ps=self._kv_block_ps(cols[9], cols[4]),
             durations_s=self._exact_durations(),
         )
         return EngineOutput(

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.engine.core import Engine
+from servesim.engine.core import KV_BLOCK_PS_MAX, Engine
 from servesim.roofline import PS_PER_S
 from servesim.speculation.costs import DrafterCost
 from servesim.speculation.schedule import KSchedule
@@ -574,9 +574,7 @@ class SpecEngine(Engine):
             n = 4096
         st, dr = self.st, self.spec.drafter
         kd = dr.kv_ps_per_draft_token * k_new
-        t_lim = None
-        if not self.waiting:
-            t_lim = self.arrivals.next_time()
+        t_lim = self.arrivals.next_time()  # every arrival ends the run (the queue is recorded at step level)
         if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
             t_lim = self.max_time_ps
         if t_lim is not None and n > 1:
@@ -623,10 +621,19 @@ class SpecEngine(Engine):
         cnb = np.cumsum(self.NB[g:g + n])
         if cnb[n - 1] > self.free:
             n = int(np.searchsorted(cnb, self.free, side="right"))
+        used_before = self.total_blocks - self.free
+        if (used_before + int(cnb[n - 1])) * (int(ends[n - 1]) - t0) >= KV_BLOCK_PS_MAX:
+            span = KV_BLOCK_PS_MAX // (used_before + int(cnb[n - 1]))
+            n = max(1, int(np.searchsorted(ends[:n] - t0, span, side="left")))
         t1 = int(ends[n - 1])
         dur = t1 - t0
         self.free -= int(cnb[n - 1])
         used = self.total_blocks - self.free
+        # blocks in use at the end of step j: used_before + cnb[j]; the row's integral is used * dur less
+        # (cnb[n-1] - cnb[j]) * d_j over its steps (every term < KV_BLOCK_PS_MAX: no overflow)
+        late = int(cnb[n - 1]) * dur - int(np.dot(d[:n], cnb[:n]))
+        if late:
+            self.kv_late.append((len(self.rows), late))
         d0 = int(d[0])
         itl = B - self._flush_stale(t0 + d0)
         inc = (int(d[n - 1]) - d0) // (n - 1) if n > 1 else 0
@@ -651,17 +658,25 @@ class SpecEngine(Engine):
         nb = self.NB[g:g + n].tolist()
         free, t, m = self.free, t0, 0
         durations = []
+        kv_ps = 0
+        total = self.total_blocks
         for i in range(n):
             if nb[i] > free:  # this step's block allocation would fail: the run ends before it
                 break
-            free -= nb[i]
             d = const + slope * ncb[i]
+            step_kv = (total - free + nb[i]) * d
+            if m and kv_ps + step_kv >= KV_BLOCK_PS_MAX:  # keep the row's KV integral within int64
+                break
+            free -= nb[i]
             durations.append(d)
+            kv_ps += step_kv
             t += d
             m += 1
             if t_lim is not None and t >= t_lim:
                 break
         self.free = free
+        if kv_ps != (total - free) * (t - t0):
+            self.kv_late.append((len(self.rows), (total - free) * (t - t0) - kv_ps))
         used = self.total_blocks - free
         d0 = durations[0]
         itl = B - self._flush_stale(t0 + d0)
