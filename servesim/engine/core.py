@@ -146,9 +146,10 @@ class Engine:
         # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
         # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
         self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of speculative runs
-        # decode runs whose integral is corrected at output: (row, steps, d0, inc, then cnt2's window of
-        # block_size counts at the run's first step), flat tuples of ints (untracked by the garbage collector)
-        self.kv_runs: list[tuple[int, ...]] = []
+        # decode runs whose integral is corrected at output, flat lists of ints (cheap to extend): (row, steps,
+        # d0, inc) in kv_runs and cnt2's window of block_size counts at the run's first step in kv_windows
+        self.kv_runs: list[int] = []
+        self.kv_windows: list[int] = []
         self.kv_safe_ps = KV_BLOCK_PS_MAX // self.total_blocks  # rows shorter than this always fit
         self.extra_itl: list[int] = []
         self._arrived: list[tuple[int, int]] = []
@@ -503,7 +504,8 @@ class Engine:
         self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, len(self.waiting), 0, 0))
         if nb and n > 1:  # blocks allocated after the run's first step: correct the integral at output
             top = (1 - g) % self.bs + self.bs
-            self.kv_runs.append((len(self.rows) - 1, n, d0, inc, *self.cnt2[top - self.bs + 1: top + 1]))
+            self.kv_runs += (len(self.rows) - 1, n, d0, inc)
+            self.kv_windows += self.cnt2[top - self.bs + 1: top + 1]
         if self.heap[0][0] == g + n - 1:
             self._finish_decoders(g + n - 1, t1)
 
@@ -524,16 +526,31 @@ class Engine:
         if not self.kv_runs:
             return kv
         bs = self.bs
-        runs = np.asarray(self.kv_runs, dtype=np.int64)
-        row = runs[:, 0]
-        n, d0, inc = runs[:, 1:2], runs[:, 2:3], runs[:, 3:4]
-        counts = runs[:, :3:-1]  # column i: the blocks step i (mod bs) of the run allocates
-        rho = np.arange(bs, dtype=np.int64)[None, :]
-        m = np.maximum((n - 1 - rho) // bs + 1, 0)  # steps rho, rho + bs, ... below n
-        s1 = m * rho + bs * (m * (m - 1) // 2)
-        s2 = m * rho * rho + rho * bs * m * (m - 1) + bs * bs * ((m - 1) * m * (2 * m - 1) // 6)
-        late = (counts * (d0 * s1 + inc * ((s2 - s1) // 2))).sum(axis=1)
-        kv[row] -= late
+        runs = np.fromiter(self.kv_runs, dtype=np.int64, count=len(self.kv_runs)).reshape(-1, 4)
+        windows = np.fromiter(self.kv_windows, dtype=np.int64, count=len(self.kv_windows)).reshape(-1, bs)
+        counts = windows[:, ::-1]  # column rho: the blocks each step i = rho (mod bs) of the run allocates
+        # Step i = rho + bs t (t < m) starts D_i = d0 i + inc i(i-1)/2 after the run: over t, sum i =
+        # m rho + bs T1 and sum i(i-1)/2 = m P(rho) + bs rho T1 + Q, with T1 = m(m-1)/2, T2 = sum t^2,
+        # Q = (bs^2 T2 - bs T1)/2 and P(rho) = rho(rho-1)/2; m = F + 1 for rho < n mod bs, else F = n // bs.
+        rho = np.arange(bs, dtype=np.int64)
+        basis = np.stack([np.ones(bs, dtype=np.int64), rho, rho * (rho - 1) // 2], axis=1)  # 1, rho, P(rho)
+        full, rem = np.divmod(runs[:, 1], bs)
+        total = counts @ basis  # (R, 3): sum of c, c rho, c P(rho) over all residues
+        low = (counts * (rho < rem[:, None])) @ basis  # the same over the residues with F + 1 steps
+        high = total - low
+
+        def coefficients(m):
+            t1 = m * (m - 1) // 2
+            q = (bs * bs * ((m - 1) * m * (2 * m - 1) // 6) - bs * t1) // 2
+            return m, bs * t1, q
+
+        late = 0
+        for part, m in ((low, full + 1), (high, full)):
+            steps, bs_t1, q = coefficients(m)
+            sum_i = steps * part[:, 1] + bs_t1 * part[:, 0]
+            sum_pairs = steps * part[:, 2] + bs_t1 * part[:, 1] + q * part[:, 0]
+            late = late + runs[:, 2] * sum_i + runs[:, 3] * sum_pairs
+        kv[runs[:, 0]] -= late
         return kv
 
     @staticmethod

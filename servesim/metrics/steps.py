@@ -123,11 +123,28 @@ def busy_time_weighted(values: np.ndarray, row_ps: np.ndarray, integral: np.ndar
     values = np.asarray(values)
     if values.size == 0:
         return {"mean": None, "max": None}
-    busy = int(np.asarray(row_ps, dtype=np.int64).sum())
+    row_ps = np.asarray(row_ps, dtype=np.int64)
+    busy = int(row_ps.sum())
     if busy <= 0:
         mean = float(np.mean(values)) / scale
-    elif integral is not None:
-        mean = sum(np.asarray(integral, dtype=np.int64).tolist()) / (scale * busy)
     else:
-        mean = sum(map(operator.mul, values.tolist(), np.asarray(row_ps).tolist())) / (scale * busy)
+        if integral is None:
+            integral = _exact_products(np.asarray(values, dtype=np.int64), row_ps)
+        elif not isinstance(integral, list):
+            integral = np.asarray(integral, dtype=np.int64)
+        mean = _exact_sum(integral) / (scale * busy)
     return {"mean": mean, "max": float(values.max()) / scale}
+
+
+def _exact_products(values: np.ndarray, row_ps: np.ndarray) -> np.ndarray | list[int]:
+    """``values * row_ps`` elementwise, exactly: int64 when no product can overflow, Python ints otherwise."""
+    if values.size and int(np.abs(values).max()) * int(row_ps.max(initial=0)) < 2**63:
+        return values * row_ps
+    return list(map(operator.mul, values.tolist(), row_ps.tolist()))
+
+
+def _exact_sum(values) -> int:
+    """The exact integer sum: numpy's int64 sum when it cannot overflow, Python's otherwise."""
+    if isinstance(values, np.ndarray) and (not values.size or int(np.abs(values).max()) * values.size < 2**63):
+        return int(values.sum())
+    return sum(values.tolist() if isinstance(values, np.ndarray) else values)
