@@ -21,7 +21,7 @@ Two modes produce the same result, bit for bit (all times are integer picosecond
 * ``run`` (default): decoding requests are kept in aggregate (how many there are, the sum of their
   contexts, how many cross a block boundary at each step phase, a heap of their finishing steps). A step
   with prefill or admission costs O(requests it touches), and a run of identical decode steps up to the
-  next event (an arrival that could be admitted, a request that finishes, a block allocation that would
+  next event (an arrival (every one: the waiting count is logged per step), a request that finishes, a block allocation that would
   fail) is advanced in O(1) with the closed-form sum of its step times. Rare events that need the
   per-request order (preemption, a token budget smaller than the decoding batch) materialise the
   per-request state and run the plain step.
