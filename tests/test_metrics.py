@@ -32,6 +32,7 @@ from servesim.metrics import (
 from servesim.metrics.csv_text import csv_bytes
 from servesim.metrics.outputs import atomic_write
 from servesim.metrics.summary import json_safe
+from servesim.roofline import PS_PER_S
 
 NAN = float("nan")
 REL = 1e-12
@@ -55,6 +56,9 @@ def make_steps(rows: list[dict]) -> StepLog:
     for row in rows:
         n, first, inc = row["num_steps"], row["first_step_s"], row.get("step_increment_s", 0.0)
         full = {"step_increment_s": inc, "duration_s": n * first + inc * n * (n - 1) / 2, **row}
+        # exact integer forms: the start in ps, and blocks in use x duration (constant within the row)
+        full.setdefault("start_ps", round(full["start_s"] * PS_PER_S))
+        full.setdefault("kv_block_ps", full.get("kv_blocks_used", 0) * round(full["duration_s"] * PS_PER_S))
         for name in STEP_COLUMNS:
             data[name].append(full.get(name, 0))
     floats = {"start_s", "first_step_s", "step_increment_s", "duration_s"}

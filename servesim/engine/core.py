@@ -30,7 +30,7 @@ Two modes produce the same result, bit for bit (all times are integer picosecond
 * ``run`` (default): decoding requests are kept in aggregate (how many there are, the sum of their
   contexts, how many cross a block boundary at each step phase, a heap of their finishing steps). A step
   with prefill or admission costs O(requests it touches), and a run of identical decode steps up to the
-  next event (an arrival that could be admitted, a request that finishes, a block allocation that would
+  next event (an arrival (every one: the waiting count is logged per step), a request that finishes, a block allocation that would
   fail) is advanced in O(1) with the closed-form sum of its step times. Rare events that need the
   per-request order (preemption, a token budget smaller than the decoding batch) materialise the
   per-request state and run the plain step.
@@ -45,7 +45,11 @@ import numpy as np
 
 from servesim.engine.arrivals import ArrivalSource
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
+from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, StepTimeModel
+
+KV_BLOCK_PS_MAX = 2**62
+"""Largest KV-block integral (blocks x ps) of one step-log row: longer runs are split so that it fits int64."""
 
 
 class Engine:
@@ -169,6 +173,14 @@ class Engine:
         # Step log: one tuple per step or run (start, steps, first duration, increment, duration, batch,
         # tokens, prefill tokens, ITL samples per step, KV blocks used, waiting, preempted, k), in ps.
         self.rows: list[tuple] = []
+        # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
+        # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
+        self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of speculative runs
+        # decode runs whose integral is corrected at output, flat lists of ints (cheap to extend): (row, steps,
+        # d0, inc) in kv_runs and cnt2's window of block_size counts at the run's first step in kv_windows
+        self.kv_runs: list[int] = []
+        self.kv_windows: list[int] = []
+        self.kv_safe_ps = KV_BLOCK_PS_MAX // self.total_blocks  # rows shorter than this always fit
         self.extra_itl: list[int] = []
         self._arrived: list[tuple[int, int]] = []
 
@@ -301,11 +313,18 @@ class Engine:
         return freed
 
     def _stalled(self) -> None:
-        # Nothing could be scheduled although requests wait: no later step could differ, so the run
-        # would loop for ever. The constructor's checks make this unreachable for valid settings.
-        raise ValueError(
-            f"engine stalled at t={self.now / PS_PER_S:.6f} s: {len(self.waiting)} waiting request(s) can never "
-            "be scheduled with these settings"
+        """Nothing could be scheduled although requests wait: no later step could differ, so the run would
+        loop for ever. The constructors' capacity checks make this unreachable for valid settings.
+
+        Raises:
+            ConfigError: one line naming the stuck request and the settings to change.
+        """
+        r = self.waiting[0] if self.waiting else next(iter(self.running))
+        raise ConfigError(
+            f"engine: stalled at t={self.now / PS_PER_S:.6f} s: request {r} ({self.P[r]} prompt + {self.gen[r]} "
+            f"generated tokens) can never be scheduled in a cache of {self.total_blocks} blocks of {self.bs} tokens "
+            f"with max_num_batched_tokens={self.M}: raise engine.num_gpu_blocks_override (or gpu_memory_utilization) "
+            "or engine.max_num_batched_tokens"
         )
 
     def _emit(self, r: int, t0: int, t1: int) -> bool:
@@ -561,20 +580,21 @@ class Engine:
             if n > 1 and not self._head_blocked(self.free - nb0 - self._decode_blocks(g + 1, 1), self.M - B):
                 n = 1
         if n > 1:
-            limits = []
-            if not self.waiting:
-                t_a = self.arrivals.next_time()
-                if t_a is not None:
-                    limits.append(t_a)
-            if self.max_time_ps is not None:
-                limits.append(self.max_time_ps)
-            for t_lim in limits:
-                if t0 + n * d0 + inc * (n * (n - 1) // 2) >= t_lim:
-                    n = self._steps_to_reach(t_lim - t0, d0, inc, n)
+            # every arrival ends the run, also behind a blocked queue: each row's waiting count is then
+            # the count of each of its steps (the queue is recorded at step level)
+            t_lim = self.arrivals.next_time()
+            if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
+                t_lim = self.max_time_ps
+            if t_lim is not None and t0 + n * d0 + inc * (n * (n - 1) // 2) >= t_lim:
+                n = self._steps_to_reach(t_lim - t0, d0, inc, n)
             if n > 1 and (n // self.bs + 1) * B > self.free:
                 n = min(n, self._max_decode_steps(g, self.free))
         nb = self._decode_blocks(g, n)
         dur = n * d0 + inc * (n * (n - 1) // 2)
+        if dur > self.kv_safe_ps and n > 1 and (self.total_blocks - self.free + nb) * dur >= KV_BLOCK_PS_MAX:
+            n = max(1, self._steps_to_reach(KV_BLOCK_PS_MAX // (self.total_blocks - self.free + nb), d0, inc, n) - 1)
+            nb = self._decode_blocks(g, n)
+            dur = n * d0 + inc * (n * (n - 1) // 2)
         if self.tracer is not None:
             self._trace_run(g, n, [t0 + j * d0 + inc * (j * (j - 1) // 2) for j in range(n)],
                             [self._decode_blocks(g, j + 1) + (released if j == 0 else 0) for j in range(n)], 0)
@@ -590,10 +610,21 @@ class Engine:
             self.rows.append((t0, 1, d0, 0, d0, B, B, 0, itl, first_used, nwait, 0, 0))
             if n > 1:
                 self.rows.append((t0 + d0, n - 1, d0 + inc, inc, dur - d0, B, B, 0, B, used, nwait, 0, 0))
+                self._record_kv_run(g + 1, n - 1, d0 + inc, inc, nb - self._decode_blocks(g, 1))
         else:
             self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, nwait, 0, 0))
+            self._record_kv_run(g, n, d0, inc, nb)
         if self.heap[0][0] == g + n - 1:
             self._finish_decoders(g + n - 1, t1)
+
+    def _record_kv_run(self, g: int, n: int, d0: int, inc: int, new_blocks: int) -> None:
+        """Note the last row, a plain decode run of ``n`` steps from step ``g`` (first step ``d0`` ps, then
+        ``+ inc`` per step) that allocated ``new_blocks`` blocks, for the exact KV integral at output: blocks
+        allocated after the row's first step were not in use before their step (:meth:`_kv_block_ps`)."""
+        if new_blocks and n > 1:
+            top = (1 - g) % self.bs + self.bs
+            self.kv_runs += (len(self.rows) - 1, n, d0, inc)
+            self.kv_windows += self.cnt2[top - self.bs + 1: top + 1]
 
     def _trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
         """Record the ``n`` steps of a run from step ``g`` (``starts``: their start times in ps;
@@ -610,6 +641,50 @@ class Engine:
     def _trace_tokens(self, r: int, g: int):
         """(tokens, drafts) aggregated decoder ``r`` schedules from step ``g``: plain decoding, 1 and 0."""
         return 1, 0
+
+    def _kv_block_ps(self, used: np.ndarray, duration: np.ndarray) -> np.ndarray:
+        """Each row's KV integral (blocks in use x step duration, summed over its steps; ps), int64 (R,).
+
+        ``used * duration`` (the rows' blocks in use at their end and durations, int64 (R,)), corrected for
+        runs: speculative runs logged their correction (``kv_late``); in a plain decode run the blocks that
+        step ``i`` allocates
+        (``cnt[(1 - g - i) mod bs]``, periodic in ``i`` with period ``bs``, the window saved with the run) were
+        not in use before that step's start ``D_i = i d0 + inc i(i-1)/2``: subtract ``sum_i nb_i D_i``, each
+        residue's steps ``i = rho + bs t`` summed in closed form (sums of ``i`` and ``i^2`` over an
+        arithmetic progression). Exact in int64: every term is at most the row's integral, < 2**62.
+        """
+        kv = used * duration
+        for row, late in self.kv_late:
+            kv[row] -= late
+        if not self.kv_runs:
+            return kv
+        bs = self.bs
+        runs = np.fromiter(self.kv_runs, dtype=np.int64, count=len(self.kv_runs)).reshape(-1, 4)
+        windows = np.fromiter(self.kv_windows, dtype=np.int64, count=len(self.kv_windows)).reshape(-1, bs)
+        counts = windows[:, ::-1]  # column rho: the blocks each step i = rho (mod bs) of the run allocates
+        # Step i = rho + bs t (t < m) starts D_i = d0 i + inc i(i-1)/2 after the run: over t, sum i =
+        # m rho + bs T1 and sum i(i-1)/2 = m P(rho) + bs rho T1 + Q, with T1 = m(m-1)/2, T2 = sum t^2,
+        # Q = (bs^2 T2 - bs T1)/2 and P(rho) = rho(rho-1)/2; m = F + 1 for rho < n mod bs, else F = n // bs.
+        rho = np.arange(bs, dtype=np.int64)
+        basis = np.stack([np.ones(bs, dtype=np.int64), rho, rho * (rho - 1) // 2], axis=1)  # 1, rho, P(rho)
+        full, rem = np.divmod(runs[:, 1], bs)
+        total = counts @ basis  # (R, 3): sum of c, c rho, c P(rho) over all residues
+        low = (counts * (rho < rem[:, None])) @ basis  # the same over the residues with F + 1 steps
+        high = total - low
+
+        def coefficients(m):
+            t1 = m * (m - 1) // 2
+            q = (bs * bs * ((m - 1) * m * (2 * m - 1) // 6) - bs * t1) // 2
+            return m, bs * t1, q
+
+        late = 0
+        for part, m in ((low, full + 1), (high, full)):
+            steps, bs_t1, q = coefficients(m)
+            sum_i = steps * part[:, 1] + bs_t1 * part[:, 0]
+            sum_pairs = steps * part[:, 2] + bs_t1 * part[:, 1] + q * part[:, 0]
+            late = late + runs[:, 2] * sum_i + runs[:, 3] * sum_pairs
+        kv[runs[:, 0]] -= late
+        return kv
 
     @staticmethod
     def _steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
@@ -719,7 +794,8 @@ class Engine:
             tokens += n
             kv += c + n
             pairs += n * c + n * (n + 1) // 2
-            prefill += n
+            if not (n == 1 and gen[r] >= 1 and c == P[r] + gen[r] - 1):  # as in _explicit_step: the last
+                prefill += n  # token of a recompute is the request's last sampled token, a decode token
             if c + n == P[r] + gen[r]:
                 logits += 1
         d = self.st.step_ps(tokens, logits, kv, pairs, B + len(sched))
@@ -808,6 +884,8 @@ class Engine:
             num_waiting=cols[10].copy(),
             num_preempted=cols[11].copy(),
             k=cols[12].copy(),
+            start_ps=cols[0].copy(),
+            kv_block_ps=self._kv_block_ps(cols[9], cols[4]),
             durations_s=self._exact_durations(),
         )
         return EngineOutput(

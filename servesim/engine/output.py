@@ -56,7 +56,9 @@ class StepLog:
         step_increment_s: float64, duration added by each later step of the row (s).
         duration_s: float64, total duration of the row (s).
         batch_size: int64, requests scheduled in each step.
-        num_tokens: int64, tokens scheduled in each step (prefill chunks + decode tokens + drafts).
+        num_tokens: int64, tokens scheduled in each step (prefill chunks + decode tokens + drafts); in a run
+            whose verify width varies (n-gram rounds without a match, llama.cpp's draft budget), the first
+            step's.
         num_prefill_tokens: int64, prompt (or recompute) tokens scheduled in each step.
         itl_samples: int64, token emissions per step that follow an emission of the same request at the
             end of the previous step; each is one inter-token-latency sample equal to that step's duration.
@@ -64,6 +66,10 @@ class StepLog:
         num_waiting: int64, requests in the waiting queue at the start of the row.
         num_preempted: int64, requests preempted in this row (only single-step rows preempt).
         k: int64, speculative tokens proposed per request per step (0 without speculation).
+        start_ps: int64, ``start_s`` exactly, in integer picoseconds (the engine's clock).
+        kv_block_ps: int64, KV blocks in use integrated over the row (blocks x picoseconds): the sum over
+            its steps of the blocks in use at the step's end times the step's duration, exact; the engine
+            splits a run whose integral would exceed 2**62.
         durations_s: optional float64 (S,), the exact duration of every individual step in row order
             (S = sum of num_steps). Present when the steps of a run are not an arithmetic sequence
             (speculative decoding: contexts grow by a random number of tokens per step); then
@@ -83,6 +89,8 @@ class StepLog:
     num_waiting: np.ndarray
     num_preempted: np.ndarray
     k: np.ndarray
+    start_ps: np.ndarray
+    kv_block_ps: np.ndarray
     durations_s: np.ndarray | None = None
 
     def __len__(self) -> int:

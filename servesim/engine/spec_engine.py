@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.engine.core import Engine
+from servesim.engine.core import KV_BLOCK_PS_MAX, Engine
 from servesim.roofline import PS_PER_S
 from servesim.speculation.costs import DrafterCost
 from servesim.speculation.schedule import KSchedule
@@ -141,13 +141,34 @@ class SpecEngine(Engine):
         self.segments: list[tuple] = []  # (accepted per round, tokens per round or None, k) of finished timelines
         self.k_agg = self.k_next
         self.base_tab = np.full(self.M + 1, -1, dtype=np.int64)
-        bs, L = self.bs, self.L
-        if n and L:
-            longest = max(p + o for p, o in zip(self.P, self.O)) + L + self.K
-            if -(-longest // bs) > self.total_blocks:
-                raise ValueError(
-                    f"a request of {longest} tokens (with {L} lookahead slots) needs more KV blocks than the cache holds"
-                )
+        if n:
+            self._check_peak_fits()
+
+    def _check_peak_fits(self) -> None:
+        """Refuse a request whose largest one-step KV need exceeds the whole cache (it would stall the run).
+
+        A decoding request with ``P + g`` known tokens (``g <= O - 1`` generated) verifies ``1 + d`` tokens
+        and allocates slots for ``P + g + d + L``: its peak is ``P + O - 1 + w + L`` with ``w`` the widest
+        verify (``width[K]``: K drafts, or the tree's nodes) capped by the token budget (``w <= M - 1``), and
+        ``w = 0`` under llama.cpp's draft budget (``d <= O - g - 1``). A (re)prefill needs at most
+        ``P + O - 1 + L``. Without speculation the engine needs ``P + O`` (checked by the base class).
+
+        Raises:
+            ValueError: one line naming the request, its peak (tokens, blocks) and the settings to change.
+        """
+        drafts = 0 if self.budget_limit else min(self.width[self.K], self.M - 1)
+        total = np.asarray(self.P, dtype=np.int64) + np.asarray(self.O, dtype=np.int64)
+        peak = total - 1 + drafts + self.L
+        r = int(np.argmax(peak))
+        need = -(-int(peak[r]) // self.bs)
+        if need > self.total_blocks:
+            raise ValueError(
+                f"request {r} ({self.P[r]} prompt + {self.O[r]} output tokens) can need {int(peak[r])} KV slots "
+                f"({need} blocks of {self.bs} tokens) in one step under speculation ({drafts} draft tokens verified, "
+                f"{self.L} lookahead slots), more than the cache's {self.total_blocks} blocks: raise "
+                "engine.num_gpu_blocks_override or gpu_memory_utilization, or lower "
+                "speculative_config.num_speculative_tokens"
+            )
 
     def _preempt(self, victim: int) -> int:  # type: ignore[override]
         self.drafted[victim] = False
@@ -600,17 +621,33 @@ class SpecEngine(Engine):
         if self.partial is None and B and nb <= self.free:
             waiting = self.waiting
             blocked = True
-            if waiting and budget > ds and len(self.running) < self.max_seqs:
+            head_tokens = None
+            if waiting and len(self.running) < self.max_seqs:
                 h = waiting[0]
                 total = self.P[h] + self.gen[h]
-                blocked = -(-total // self.bs) > self.free - nb or (not self.chunked and total > budget - ds)
+                if -(-total // self.bs) <= self.free - nb:
+                    # the head takes its own drafting slots (draft models) out of what the decoders leave
+                    blocked = budget <= ds or (not self.chunked and total > budget - ds)
+                    head_tokens = total  # blocked by the token budget only, which varies within a run
             if blocked:
-                self._spec_run(g, B)
+                self._spec_run(g, B, head_tokens)
                 return
         self._spec_mixed_step(g)
 
-    def _spec_run(self, g: int, B: int) -> None:
-        """A run of decode-only steps up to the next event, as vector operations on the per-step sums."""
+    def _admissible_at(self, tok: np.ndarray, head_tokens: int) -> int | None:
+        """First step of a run (index into ``tok``, the decoders' scheduled tokens per step) whose token
+        budget would admit the waiting head of ``head_tokens`` tokens (chunked prefill: any budget left;
+        without: the whole prompt), or None. The verify width varies within a run (empty n-gram drafts,
+        llama.cpp's draft budget), so a head blocked at the run's first step can become admissible later."""
+        room = self.M - tok - (self.B + 1) * self.draft_slots  # the decoders' and the head's drafting slots
+        ok = room > 0 if self.chunked else room >= head_tokens
+        return int(np.argmax(ok)) if ok.any() else None
+
+    def _spec_run(self, g: int, B: int, head_tokens: int | None = None) -> None:
+        """A run of decode-only steps up to the next event, as vector operations on the per-step sums.
+
+        ``head_tokens``: tokens of the waiting head when only the token budget keeps it out; the run then
+        ends before the first step whose budget admits it (:meth:`_admissible_at`)."""
         t0 = self.now
         k_step = self.k_agg
         k_new = self._k_new(B)
@@ -621,9 +658,7 @@ class SpecEngine(Engine):
             n = 4096
         st, dr = self.st, self.spec.drafter
         kd = dr.kv_ps_per_draft_token * k_new
-        t_lim = None
-        if not self.waiting:
-            t_lim = self.arrivals.next_time()
+        t_lim = self.arrivals.next_time()  # every arrival ends the run (the queue is recorded at step level)
         if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
             t_lim = self.max_time_ps
         if t_lim is not None and n > 1:
@@ -646,6 +681,12 @@ class SpecEngine(Engine):
                     return
                 end = g + n
                 ncb, tok = ncb[:n], tok[:n]
+            if head_tokens is not None:
+                first = self._admissible_at(tok, head_tokens)
+                if first is not None:  # >= 1: the first step keeps the head out
+                    n = first
+                    end = g + n
+                    ncb, tok = ncb[:n], tok[:n]
             ctx = ncb + tok
             d = self._base_vec(tok) + st.request_ps_per_request * B + (st.kv_ps_per_token + kd) * ctx + st.attn_ps_per_pair * (self.QNCB[g:end] + self.QQ[g:end])
             if k_new > 0:
@@ -664,12 +705,21 @@ class SpecEngine(Engine):
         cnb = np.cumsum(self.NB[g:g + n])
         if cnb[n - 1] > self.free:
             n = int(np.searchsorted(cnb, self.free, side="right"))
+        used_before = self.total_blocks - self.free
+        if (used_before + int(cnb[n - 1])) * (int(ends[n - 1]) - t0) >= KV_BLOCK_PS_MAX:
+            span = KV_BLOCK_PS_MAX // (used_before + int(cnb[n - 1]))
+            n = max(1, int(np.searchsorted(ends[:n] - t0, span, side="left")))
         t1 = int(ends[n - 1])
         dur = t1 - t0
         if self.tracer is not None:
             self._trace_run(g, n, [t0] + ends[:n - 1].tolist(), cnb[:n].tolist(), k_new)
         self.free -= int(cnb[n - 1])
         used = self.total_blocks - self.free
+        # blocks in use at the end of step j: used_before + cnb[j]; the row's integral is used * dur less
+        # (cnb[n-1] - cnb[j]) * d_j over its steps (every term < KV_BLOCK_PS_MAX: no overflow)
+        late = int(cnb[n - 1]) * dur - int(np.dot(d[:n], cnb[:n]))
+        if late:
+            self.kv_late.append((len(self.rows), late))
         d0 = int(d[0])
         itl = B - self._flush_stale(t0 + d0)
         inc = (int(d[n - 1]) - d0) // (n - 1) if n > 1 else 0
@@ -696,12 +746,18 @@ class SpecEngine(Engine):
         nb = self.NB[g:g + n].tolist()
         free, t, m = self.free, t0, 0
         durations = []
+        kv_ps = 0
+        total = self.total_blocks
         for i in range(n):
             if nb[i] > free:  # this step's block allocation would fail: the run ends before it
                 break
-            free -= nb[i]
             d = const + slope * ncb[i]
+            step_kv = (total - free + nb[i]) * d
+            if m and kv_ps + step_kv >= KV_BLOCK_PS_MAX:  # keep the row's KV integral within int64
+                break
+            free -= nb[i]
             durations.append(d)
+            kv_ps += step_kv
             t += d
             m += 1
             if t_lim is not None and t >= t_lim:
@@ -710,6 +766,8 @@ class SpecEngine(Engine):
             starts = [t0 + sum(durations[:j]) for j in range(m)]
             self._trace_run(g, m, starts, [sum(nb[:j + 1]) for j in range(m)], k_new)
         self.free = free
+        if kv_ps != (total - free) * (t - t0):
+            self.kv_late.append((len(self.rows), (total - free) * (t - t0) - kv_ps))
         used = self.total_blocks - free
         d0 = durations[0]
         itl = B - self._flush_stale(t0 + d0)

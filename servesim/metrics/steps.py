@@ -6,6 +6,8 @@ A StepLog row stands for ``num_steps`` consecutive steps; step ``i`` of the row 
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 
 from servesim.engine.output import EngineOutput, StepLog
@@ -45,6 +47,43 @@ def expand_step_durations(steps: StepLog, rows: np.ndarray | None = None) -> tup
     return durations, row
 
 
+def step_times_ps(steps: StepLog, rows: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Start and duration of every individual step in the engine's integer picoseconds, exactly.
+
+    Starts are each row's ``start_ps`` plus the durations of the row's earlier steps; durations are
+    rebuilt from ``first_step_s``/``step_increment_s`` (or ``durations_s``) as in
+    :func:`expand_step_durations`. A run expands to exactly the steps that stepping one at a time logs.
+
+    Args:
+        steps: the step log (R rows).
+        rows: optional bool mask (R,) of the rows to expand (default: all).
+
+    Returns:
+        ``(start_ps, duration_ps, row)``: int64 arrays of shape (S,), S = total ``num_steps`` of the
+        selected rows; ``row`` is the StepLog row of each step.
+    """
+    seconds, row = expand_step_durations(steps, rows)
+    duration = np.rint(seconds * PS_PER_S).astype(np.int64)  # exact: the durations are integer ps
+    counts = np.asarray(steps.num_steps, dtype=np.int64)[row[np.r_[True, row[1:] != row[:-1]]]] if row.size else row
+    before = np.cumsum(duration) - duration  # exclusive prefix sums over the selected steps
+    first = np.cumsum(counts) - counts  # position of each selected row's first step
+    start = np.asarray(steps.start_ps, dtype=np.int64)[row] + before - np.repeat(before[first], counts)
+    return start, duration, row
+
+
+def row_durations_ps(steps: StepLog) -> np.ndarray:
+    """Exact duration of every StepLog row in integer picoseconds (the sum of its steps'), int64 (R,)."""
+    counts = np.asarray(steps.num_steps, dtype=np.int64)
+    if steps.durations_s is None:  # arithmetic rows: n d0 + inc n (n - 1) / 2
+        first_ps = np.rint(np.asarray(steps.first_step_s, dtype=np.float64) * PS_PER_S).astype(np.int64)
+        inc_ps = np.rint(np.asarray(steps.step_increment_s, dtype=np.float64) * PS_PER_S).astype(np.int64)
+        return counts * first_ps + inc_ps * (counts * (counts - 1) // 2)
+    if not counts.size:
+        return np.zeros(0, dtype=np.int64)
+    duration = np.rint(np.asarray(steps.durations_s, dtype=np.float64) * PS_PER_S).astype(np.int64)
+    return np.add.reduceat(duration, np.cumsum(counts) - counts)
+
+
 def itl_samples(out: EngineOutput) -> tuple[np.ndarray, np.ndarray]:
     """All inter-token latencies (ITL) of a run as weighted samples.
 
@@ -64,17 +103,48 @@ def itl_samples(out: EngineOutput) -> tuple[np.ndarray, np.ndarray]:
     return values, weights
 
 
-def time_weighted(values: np.ndarray, durations_s: np.ndarray) -> dict[str, float | None]:
-    """``{mean, max}`` of a per-row quantity, the mean weighted by each row's duration (seconds).
+def busy_time_weighted(values: np.ndarray, row_ps: np.ndarray, integral: np.ndarray | None = None,
+                       scale: int = 1) -> dict[str, float | None]:
+    """``{mean, max}`` of a per-row quantity over busy time, divided by ``scale``, in exact integers.
 
-    The mean is ``sum(values * durations_s) / sum(durations_s)``, i.e. the average over busy time (idle
-    gaps between steps are not counted); if every duration is zero it is the plain mean. With no rows
-    both are ``None``.
+    Args:
+        values: int (R,), the quantity per row (its value at the row's end).
+        row_ps: int64 (R,), the rows' exact durations (:func:`row_durations_ps`, ps).
+        integral: optional int64 (R,), the quantity integrated over each row (quantity x ps) when it varies
+            within a row (``StepLog.kv_block_ps``); default ``values * row_ps``.
+        scale: the divisor of mean and max (e.g. the KV-cache capacity in blocks, for a fraction).
+
+    Returns:
+        mean = ``sum(integral) / (scale * sum(row_ps))``, one correctly rounded division of Python
+        integers (a run and its steps one at a time give the same float); max = ``max(values) / scale``.
+        Idle gaps between steps do not count; with zero busy time the mean is the plain mean of ``values``
+        / ``scale``; with no rows both are ``None``.
     """
-    values = np.asarray(values, dtype=np.float64)
+    values = np.asarray(values)
     if values.size == 0:
         return {"mean": None, "max": None}
-    durations_s = np.asarray(durations_s, dtype=np.float64)
-    total = float(durations_s.sum())
-    mean = float(np.sum(values * durations_s) / total) if total > 0 else float(values.mean())
-    return {"mean": mean, "max": float(values.max())}
+    row_ps = np.asarray(row_ps, dtype=np.int64)
+    busy = int(row_ps.sum())
+    if busy <= 0:
+        mean = float(np.mean(values)) / scale
+    else:
+        if integral is None:
+            integral = _exact_products(np.asarray(values, dtype=np.int64), row_ps)
+        elif not isinstance(integral, list):
+            integral = np.asarray(integral, dtype=np.int64)
+        mean = _exact_sum(integral) / (scale * busy)
+    return {"mean": mean, "max": float(values.max()) / scale}
+
+
+def _exact_products(values: np.ndarray, row_ps: np.ndarray) -> np.ndarray | list[int]:
+    """``values * row_ps`` elementwise, exactly: int64 when no product can overflow, Python ints otherwise."""
+    if values.size and int(np.abs(values).max()) * int(row_ps.max(initial=0)) < 2**63:
+        return values * row_ps
+    return list(map(operator.mul, values.tolist(), row_ps.tolist()))
+
+
+def _exact_sum(values) -> int:
+    """The exact integer sum: numpy's int64 sum when it cannot overflow, Python's otherwise."""
+    if isinstance(values, np.ndarray) and (not values.size or int(np.abs(values).max()) * values.size < 2**63):
+        return int(values.sum())
+    return sum(values.tolist() if isinstance(values, np.ndarray) else values)

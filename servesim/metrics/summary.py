@@ -11,7 +11,7 @@ from servesim.errors import ConfigError
 from servesim.metrics.latencies import request_latencies
 from servesim.metrics.percentiles import distribution_stats
 from servesim.metrics.saturation import detect_saturation
-from servesim.metrics.steps import itl_samples, time_weighted
+from servesim.metrics.steps import busy_time_weighted, itl_samples, row_durations_ps
 
 #: SLO keys understood by :func:`summarize` (seconds): a request is "good" when each given one is met.
 SLO_KEYS: tuple[str, ...] = ("ttft_s", "tpot_s", "e2e_s")
@@ -82,8 +82,10 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
         requests/s), ``total_token_throughput`` (prompt + output tokens of completed requests/s), all over
         ``duration_s``; ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s``, ``queue_s``: each
         ``{mean, p50, p90, p95, p99}`` in seconds; ``preemptions`` (total over requests);
-        ``kv_cache_utilization`` and ``batch_size``: ``{mean, max}``, the mean weighted by step-row
-        duration (busy time), utilisation = ``kv_blocks_used / kv_blocks_total`` at the end of each row;
+        ``kv_cache_utilization`` and ``batch_size``: ``{mean, max}`` over busy time, exact (integer
+        picoseconds; the KV mean integrates the blocks in use step by step, ``kv_block_ps``, so a run of
+        steps and the same steps one at a time agree bit for bit), utilisation = blocks used /
+        ``kv_blocks_total``, the max over the rows' ends;
         ``saturated`` (bool, rule of :mod:`servesim.metrics.saturation`) and
         ``waiting_queue_slope_per_s`` (requests/s); with ``slo``: ``goodput`` (good requests/s over
         ``duration_s``) and ``slo_attainment`` (good requests / ``num_requests``); with speculative
@@ -125,12 +127,13 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
     summary["preemptions"] = int(np.asarray(req.preemptions, dtype=np.int64).sum())
 
     steps = out.steps
-    blocks = np.asarray(steps.kv_blocks_used, dtype=np.float64)
+    row_ps = row_durations_ps(steps)
     if out.kv_blocks_total > 0:
-        summary["kv_cache_utilization"] = time_weighted(blocks / out.kv_blocks_total, steps.duration_s)
+        summary["kv_cache_utilization"] = busy_time_weighted(steps.kv_blocks_used, row_ps, steps.kv_block_ps,
+                                                             scale=out.kv_blocks_total)
     else:
         summary["kv_cache_utilization"] = {"mean": None, "max": None}
-    summary["batch_size"] = time_weighted(steps.batch_size, steps.duration_s)
+    summary["batch_size"] = busy_time_weighted(steps.batch_size, row_ps)
     sat = detect_saturation(out)
     summary["saturated"] = sat.saturated
     summary["waiting_queue_slope_per_s"] = sat.slope_per_s

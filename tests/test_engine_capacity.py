@@ -1,0 +1,94 @@
+"""Requests near the KV capacity under speculation (issue 11, item 8): refused up front with one line when
+their largest one-step need (verify width + lookahead) exceeds the cache, served to the end when it fits,
+and a stall, were one still reachable, is a one-line user error naming the request and the settings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from servesim import simulate
+from servesim.cli import main
+from servesim.errors import ConfigError
+
+
+def config(spec: dict, prompt: int, output: int, blocks: int, mode: str = "run") -> dict:
+    """A run config of 6 equal requests on a KV cache of ``blocks`` usable 16-token blocks."""
+    return {
+        "hardware": "h100-sxm",
+        "model": "llama-3.1-8b",
+        # vLLM's num_gpu_blocks counts its null block: ``blocks`` usable blocks
+        "engine": {"num_gpu_blocks_override": blocks + 1, "max_num_seqs": 8},
+        "workload": {"type": "poisson", "rate": 5.0, "num_requests": 6,
+                     "prompt_tokens": {"type": "fixed", "value": prompt},
+                     "output_tokens": {"type": "fixed", "value": output}},
+        "speculative_config": spec,
+        "simulation": {"mode": mode},
+    }
+
+
+# (spec, prompt, output, blocks the peak needs). Peak one-step need = P + O - 1 + drafts + lookahead
+# (16-token blocks), hand-worked:
+CASES = [
+    # n-gram, K = 4, no lookahead: 900 + 124 - 1 + 4 = 1027 slots = 65 blocks (P + O = 1024 = 64 blocks)
+    ({"method": "ngram", "num_speculative_tokens": 4}, 900, 124, 65),
+    # EAGLE, K = 3, 3 lookahead slots: 900 + 108 - 1 + 3 + 3 = 1013 slots = 64 blocks (P + O = 63 blocks)
+    ({"method": "eagle", "num_speculative_tokens": 3}, 900, 108, 64),
+    # EAGLE draft tree [2, 2]: 6 nodes verified, K = 2 lookahead: 900 + 120 - 1 + 6 + 2 = 1027 = 65 blocks
+    ({"method": "eagle", "draft_tree": [2, 2]}, 900, 120, 65),
+    # llama.cpp's draft budget (a draft never exceeds the remaining output - 1): the peak is P + O - 1, so
+    # P + O = 1024 fits 64 blocks although K = 4
+    ({"method": "ngram", "num_speculative_tokens": 4, "draft_budget_limit": True}, 900, 124, 64),
+    # exactly on a block boundary: 900 + 121 - 1 + 4 = 1024 = 64 blocks
+    ({"method": "ngram", "num_speculative_tokens": 4}, 900, 121, 64),
+]
+
+
+@pytest.mark.parametrize("spec, prompt, output, blocks", CASES)
+def test_request_at_the_peak_is_served_in_both_modes(spec, prompt, output, blocks):
+    for mode in ("run", "step"):
+        result = simulate(config(spec, prompt, output, blocks, mode))
+        r = result.output.requests
+        assert np.all(r.generated_tokens == output) and not np.isnan(r.finish_s).any()
+        assert (result.output.steps.kv_blocks_used <= blocks).all()
+
+
+@pytest.mark.parametrize("spec, prompt, output, blocks", CASES[:3])
+def test_one_block_short_is_refused_before_the_run(spec, prompt, output, blocks):
+    with pytest.raises(ConfigError) as err:
+        simulate(config(spec, prompt, output, blocks - 1))
+    message = str(err.value)
+    assert "\n" not in message
+    assert message.startswith("engine: request 0 ")
+    assert f"({blocks} blocks of 16 tokens)" in message and f"cache's {blocks - 1} blocks" in message
+    assert "num_gpu_blocks_override" in message and "num_speculative_tokens" in message
+
+
+def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "near-capacity.yaml"
+    path.write_text(yaml.safe_dump(config(CASES[0][0], 900, 124, 64)))
+    assert main(["run", str(path), "--out", str(tmp_path / "out"), "--no-plot"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "request 0 (900 prompt + 124 output tokens)" in err
+
+
+def test_a_stall_is_a_one_line_error_naming_the_request(monkeypatch):
+    # Make the cache shrink under a running engine (the constructor's checks make a stall unreachable
+    # otherwise): the stuck request and the settings to change are named, no traceback-only ValueError.
+    from servesim.engine import spec_engine
+
+    original = spec_engine.SpecEngine._check_peak_fits
+
+    def shrink_after_check(self):
+        original(self)
+        self.total_blocks = self.free = 64
+
+    monkeypatch.setattr(spec_engine.SpecEngine, "_check_peak_fits", shrink_after_check)
+    for mode in ("run", "step"):
+        with pytest.raises(ConfigError) as err:
+            simulate(config(CASES[0][0], 900, 124, 65, mode))
+        message = str(err.value)
+        assert "\n" not in message and "engine: stalled at t=" in message
+        assert "request 0 (900 prompt + " in message and "num_gpu_blocks_override" in message
