@@ -71,11 +71,13 @@ def prepare_output_dir(path: str | Path, option: str = "--out") -> Path:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ConfigError: ``path`` is a file, cannot be created, or is not writable (one line naming ``option``
-            and the folder).
+        ConfigError: ``path`` is empty (``--out ''`` would write into the current folder), is a file,
+            cannot be created, or is not writable (one line naming ``option`` and the folder).
     """
     from servesim.errors import ConfigError
 
+    if not str(path).strip():
+        raise ConfigError(f"{option}: empty folder name (expected a folder path)")
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{option}: {out} is a file, not a folder")

@@ -84,6 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         argv = sys.argv[1:]
     parser, modules = build_parser(argv)
     args = parser.parse_args(argv)
+    if _empty_out(argv):  # type=Path would turn '' into '.', the current folder
+        print("servesim: error: --out: empty folder name (expected a folder path)", file=sys.stderr)
+        return 2
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
@@ -91,6 +94,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if in_main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _empty_out(argv: list[str]) -> bool:
+    """Whether ``argv`` gives ``--out`` an empty value (``--out ''`` or ``--out=``)."""
+    return any(arg == "--out=" or (arg == "--out" and index + 1 < len(argv) and not argv[index + 1].strip())
+               for index, arg in enumerate(argv))
 
 
 def _run(module, args: argparse.Namespace) -> int:

@@ -86,7 +86,7 @@ def parse_overrides(
         overrides.append(("speculative_config", parse_llamacpp_flags(llama_cpp_flags, "--llama-cpp-spec")))
     if speculative_json is not None:
         try:
-            spec = json.loads(speculative_json)
+            spec = json.loads(speculative_json, object_pairs_hook=_unique_keys)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--speculative-config: invalid JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(spec, dict):
@@ -95,6 +95,22 @@ def parse_overrides(
     for text in assignments:
         overrides.append(parse_assignment(text))
     return overrides
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict; a key given twice is refused (as in a YAML config).
+
+    Raises:
+        ConfigError: a key appears twice in one object.
+    """
+    from servesim.errors import ConfigError
+
+    obj: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise ConfigError(f"--speculative-config: key {key!r} given twice (expected each key once)")
+        obj[key] = value
+    return obj
 
 
 def run(args: argparse.Namespace) -> int:
@@ -106,18 +122,19 @@ def run(args: argparse.Namespace) -> int:
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
                                                           getattr(args, "llama_cpp_spec", None)))
     out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
+    # a failure or Ctrl-C while simulating or writing leaves none of the outputs (no partial set)
     with replacing_outputs(out_dir, RUN_OUTPUTS):
         result = simulate(cfg, seed=args.seed, base_dir=folder)
-    summary = dict(result.summary)
-    summary["setup"] = result.info
-    summary["seed"] = cfg.seed if args.seed is None else args.seed
-    write_outputs(result.output, summary, out_dir)
-    if args.no_plot:
-        remove_stale(out_dir, ["latency.png"])  # an earlier run's figure must not sit beside these CSVs
-    else:
-        from servesim.plots.latency import plot_latency
+        summary = dict(result.summary)
+        summary["setup"] = result.info
+        summary["seed"] = cfg.seed if args.seed is None else args.seed
+        write_outputs(result.output, summary, out_dir)
+        if args.no_plot:
+            remove_stale(out_dir, ["latency.png"])  # an earlier run's figure must not sit beside these CSVs
+        else:
+            from servesim.plots.latency import plot_latency
 
-        plot_latency(result.output, summary, out_dir / "latency.png")
+            plot_latency(result.output, summary, out_dir / "latency.png")
     if not args.quiet:
         print(format_summary_table(summary))
         print(f"wrote {out_dir}/summary.json, requests.csv, steps.csv" + ("" if args.no_plot else ", latency.png"))

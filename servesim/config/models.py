@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from servesim.workload import WorkloadConfig
 
@@ -96,6 +96,17 @@ class MeasureWindow(_Strict):
     until_s: float | None = Field(default=None, gt=0.0)
     after_completed: int | None = Field(default=None, ge=0)
     until_completed: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _non_empty(self) -> "MeasureWindow":
+        """Refuse a window that is empty whatever the run does (ValueError: start not before end)."""
+        if self.after_s is not None and self.until_s is not None and self.after_s >= self.until_s:
+            raise ValueError(f"after_s ({self.after_s}) must be below until_s ({self.until_s})")
+        if (self.after_completed is not None and self.until_completed is not None
+                and self.after_completed >= self.until_completed):
+            raise ValueError(f"after_completed ({self.after_completed}) must be below until_completed "
+                             f"({self.until_completed})")
+        return self
 
 
 class SimulationConfig(_Strict):

@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from servesim.atomic import atomic_file, prepare_output_dir, remove_stale
+from servesim.atomic import atomic_file, prepare_output_dir, remove_stale, replacing_outputs
 from servesim.errors import ConfigError, ServesimError
 from servesim.sweep.executors import check_executor, open_executor
 from servesim.sweep.inputs import InputResolver, RunInputs
@@ -32,6 +32,9 @@ from servesim.sweep.store import read_result, read_stored, to_jsonable, write_re
 from servesim.sweep.tables import SPEEDUP_METRIC, speedup_frame, summary_frame, write_csv
 
 Simulate = Callable[..., Any]
+
+#: Tables rebuilt at the end of every invocation (removed when one is interrupted or fails).
+SWEEP_TABLES = ("summary.csv", "speedup.csv")
 
 
 @dataclass(frozen=True)
@@ -310,7 +313,8 @@ def run_sweep(
         bar.update(1)
 
     try:
-        with open_executor(executor, jobs) as pool:
+        # interrupted: an earlier invocation's tables (maybe of another grid) must not look like this one's
+        with replacing_outputs(out, SWEEP_TABLES), open_executor(executor, jobs) as pool:
             if pool is None:
                 for task in pending():
                     finish(task, *execute_task(simulate, task.config, task.seed, base_dir))

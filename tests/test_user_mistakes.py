@@ -1,0 +1,106 @@
+"""Regression tests for defects found by trying servesim as a new user (bad input, interrupted commands)."""
+
+from __future__ import annotations
+
+import pytest
+
+from servesim.cli import main
+
+from test_cli import write_yaml
+from test_robustness_cli import SMALL
+
+
+def test_run_interrupted_while_writing_leaves_no_partial_results(tmp_path, monkeypatch, capsys):
+    import servesim.plots.latency
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine\n")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(servesim.plots.latency, "plot_latency", interrupted)
+    assert main(["run", str(cfg), "--out", str(out)]) == 130
+    assert capsys.readouterr().err == "servesim: interrupted\n"
+    # summary.json, requests.csv and steps.csv without their figure would look like a finished run
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+
+
+def test_interrupted_sweep_of_a_changed_grid_removes_the_old_tables(tmp_path, monkeypatch, capsys):
+    import servesim.sweep.runner as runner
+
+    write_yaml(tmp_path / "base.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "base.yaml", "grid": {"engine.max_num_seqs": [8, 16]},
+                                             "variants": {"a": {}, "b": {"engine": {"block_size": 32}}},
+                                             "baseline": "a"})
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep), "--out", str(out)]) == 0
+    assert (out / "summary.csv").exists() and (out / "speedup.csv").exists()
+    write_yaml(sweep, {"base": "base.yaml", "grid": {"engine.max_num_seqs": [8, 16, 32]},
+                       "variants": {"a": {}, "b": {"engine": {"block_size": 32}}}, "baseline": "a"})
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner, "execute_task", interrupted)
+    capsys.readouterr()
+    assert main(["sweep", str(sweep), "--out", str(out)]) == 130
+    # the earlier grid's tables would be read by `servesim plot` as this grid's results
+    assert not (out / "summary.csv").exists() and not (out / "speedup.csv").exists()
+    assert main(["plot", str(out)]) == 2
+    assert "run `servesim sweep` first" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("measure, field", [
+    ({"after_s": 5.0, "until_s": 1.0}, "simulation.measure"),
+    ({"after_s": 2.0, "until_s": 2.0}, "simulation.measure"),
+    ({"after_completed": 30, "until_completed": 10}, "simulation.measure"),
+])
+def test_empty_measurement_window_is_refused(tmp_path, capsys, measure, field):
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "simulation": {"measure": measure}})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"servesim: error: {cfg}: {field}: "), err
+    assert "must be" in err and "after" in err, err
+    assert not (tmp_path / "o").exists()
+
+
+def test_window_with_after_before_until_still_runs(tmp_path):
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "simulation": {"measure": {"after_completed": 5,
+                                                                              "until_completed": 30}}})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 0
+
+
+def test_speculative_config_json_with_a_key_twice_is_refused(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet", "--speculative-config",
+            '{"method": "eagle", "num_speculative_tokens": 3, "num_speculative_tokens": 4}']
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == ("servesim: error: --speculative-config: key 'num_speculative_tokens' given twice "
+                   "(expected each key once)\n"), err
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", ["run", "capacity", "sweep"])
+def test_empty_out_is_refused(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8]}})
+    argv = {"run": ["run", str(cfg), "--no-plot"],
+            "capacity": ["capacity", str(cfg), "--slo", "ttft_p99=0.5"],
+            "sweep": ["sweep", str(sweep)]}[command]
+    for empty in (["--out", ""], ["--out="]):
+        assert main([*argv, *empty]) == 2
+        assert capsys.readouterr().err == "servesim: error: --out: empty folder name (expected a folder path)\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml", "s.yaml"]  # nothing written here
+
+
+def test_empty_out_is_refused_by_the_output_folder_check(tmp_path):
+    from servesim.atomic import prepare_output_dir
+    from servesim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="^--out: empty folder name"):
+        prepare_output_dir("")
