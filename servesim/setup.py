@@ -116,7 +116,8 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
     """Load the cards, apply vLLM's defaults, size the KV cache, build the workload.
 
     Raises:
-        ConfigError: cards not found, the model does not fit, a request can never be served.
+        ConfigError: cards not found, the model does not fit, a request can never be served, a speculative
+            config vLLM would reject for this target (MTP module count, draft_tensor_parallel_size).
     """
     from servesim.api import STREAM_WORKLOAD, child_seed
     from servesim.workload import build_workload
@@ -136,6 +137,12 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
 
         spec = validate(SpeculativeConfig, cfg.speculative_config, "config", key_prefix="speculative_config")
         spec.check_target(model)
+        draft_tp = spec.draft_tensor_parallel_size
+        if draft_tp is not None and draft_tp not in (1, tp):  # vllm/config/speculative.py, _verify_and_get_draft_tp
+            raise ConfigError(
+                f"speculative_config.draft_tensor_parallel_size: {draft_tp} cannot be other value than 1 or "
+                f"target model tensor_parallel_size ({tp})"
+            )
         if budget <= spec.max_num_new_slots_for_drafting:
             raise ConfigError(
                 f"engine.max_num_batched_tokens: VllmConfig does not have enough slots to schedule a token and support "

@@ -104,3 +104,18 @@ def test_empty_out_is_refused_by_the_output_folder_check(tmp_path):
 
     with pytest.raises(ConfigError, match="^--out: empty folder name"):
         prepare_output_dir("")
+
+
+@pytest.mark.parametrize("draft_tp, tp, ok", [(2, 1, False), (3, 4, False), (1, 4, True), (4, 4, True)])
+def test_draft_tensor_parallel_size_must_be_one_or_the_targets(tmp_path, capsys, draft_tp, tp, ok):
+    # vLLM's SpeculativeConfig._verify_and_get_draft_tp refuses any other value
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "tensor_parallel_size": tp})
+    spec = f'{{"method": "eagle", "num_speculative_tokens": 2, "draft_tensor_parallel_size": {draft_tp}}}'
+    status = main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet", "--speculative-config", spec])
+    err = capsys.readouterr().err
+    if ok:
+        assert status == 0, err
+    else:
+        assert status == 2 and err == (f"servesim: error: speculative_config.draft_tensor_parallel_size: {draft_tp} "
+                                       f"cannot be other value than 1 or target model tensor_parallel_size ({tp})\n")
+        assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
