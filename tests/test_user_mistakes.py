@@ -119,3 +119,16 @@ def test_draft_tensor_parallel_size_must_be_one_or_the_targets(tmp_path, capsys,
         assert status == 2 and err == (f"servesim: error: speculative_config.draft_tensor_parallel_size: {draft_tp} "
                                        f"cannot be other value than 1 or target model tensor_parallel_size ({tp})\n")
         assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
+
+
+@pytest.mark.parametrize("override, path", [
+    ("workload.prompt_tokens={type: uniform, low: 10, high: 5}", "workload.prompt_tokens"),
+    ("workload.prompt_tokens={type: lognormal, mean: 10}", "workload.prompt_tokens"),
+    ("workload={type: closed_loop, concurrency: 4, num_requests: 2}", "workload"),
+])
+def test_model_validator_error_names_a_key_not_a_union_tag(tmp_path, capsys, override, path):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
+    err = capsys.readouterr().err
+    # not workload.prompt_tokens.uniform or workload.closed_loop: keys --set does not accept
+    assert err.startswith(f"servesim: error: {cfg}: {path}: ") and err.count("\n") == 1, err

@@ -115,7 +115,7 @@ def load_json(path: str | Path) -> Any:
         raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
 
 
-def user_path(loc: tuple, data: Any = None) -> str:
+def user_path(loc: tuple, data: Any = None, *, key_error: bool = True) -> str:
     """The dotted path a user can type with ``--set`` for a pydantic error location ``loc``.
 
     pydantic puts the tags of unions into the location (``workload.trace.rate_scale`` for the ``trace``
@@ -127,6 +127,9 @@ def user_path(loc: tuple, data: Any = None) -> str:
     Args:
         loc: pydantic's ``error["loc"]``.
         data: the input that was validated (a mapping); None keeps every part that is not a tag.
+        key_error: the error is about the last part as a key (missing or unknown), so it is kept even
+            though the data lacks it; otherwise (a model validator's error on a union member,
+            ``workload.prompt_tokens.uniform``) a last part that is not in the data is a tag and dropped.
     """
     parts = [part for part in loc if not _is_union_tag(part)]
     if data is None:
@@ -141,8 +144,8 @@ def user_path(loc: tuple, data: Any = None) -> str:
             continue
         if not isinstance(node, (dict, list)):
             break  # a scalar has no keys: the remaining parts are union tags (``str``, ``int`` ...)
-        if i + 1 < len(parts):
-            continue  # not a key of the data and not the last part: a tag
+        if i + 1 < len(parts) or not key_error:
+            continue  # not a key of the data and not the last part (or not a key error): a tag
         kept.append(str(part))  # the missing or unknown key itself
     return ".".join(kept)
 
@@ -165,13 +168,13 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     validated ``data`` for that), after ``key_prefix`` when the data sits at that key of a run config.
     """
     err = exc.errors()[0]
-    loc = user_path(tuple(err.get("loc", ())), data)
+    kind = err.get("type", "")
+    loc = user_path(tuple(err.get("loc", ())), data, key_error=kind in ("missing", "extra_forbidden"))
     if key_prefix:
         loc = f"{key_prefix}.{loc}" if loc else key_prefix
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):  # pydantic's prefix for our own validators' messages
         msg = msg[len("Value error, "):]
-    kind = err.get("type", "")
     if kind == "extra_forbidden":
         msg = "unknown key"
     elif kind == "missing":
