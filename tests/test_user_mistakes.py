@@ -132,3 +132,17 @@ def test_model_validator_error_names_a_key_not_a_union_tag(tmp_path, capsys, ove
     err = capsys.readouterr().err
     # not workload.prompt_tokens.uniform or workload.closed_loop: keys --set does not accept
     assert err.startswith(f"servesim: error: {cfg}: {path}: ") and err.count("\n") == 1, err
+
+
+def test_capacity_refuses_a_multi_turn_workload(tmp_path, capsys):
+    # its rate is sessions/s and its turns come a think time apart: a search over it is not in requests/s
+    workload = {"type": "multi_turn", "rate": 0.5, "num_sessions": 4, "turns": {"type": "fixed", "value": 2},
+                "message_tokens": {"type": "fixed", "value": 20}, "output_tokens": {"type": "fixed", "value": 5},
+                "think_time_s": 1.0}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload})
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot", "--quiet"]) == 0  # a valid workload
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--out", str(tmp_path / "cap"), "--quiet"]) == 2
+    assert capsys.readouterr().err == ("servesim: error: workload.type: capacity search needs an open-loop workload "
+                                       "(trace, poisson or gamma), not multi_turn\n")
+    assert not (tmp_path / "cap").exists() or not any((tmp_path / "cap").iterdir())

@@ -200,14 +200,15 @@ class RateAxis:
     """How to set a config's arrival rate (requests/s).
 
     Raises:
-        ConfigError: a closed-loop workload (it has no arrival rate).
+        ConfigError: a closed-loop workload (it has no arrival rate) or a multi-turn one (its ``rate`` is
+            sessions/s, and its turns' arrivals are paced by the think time, not by that rate).
     """
 
     def __init__(self, cfg: SimConfig, folder: Path) -> None:
         kind = cfg.workload.type
-        if kind == "closed_loop":
+        if kind not in ("trace", "poisson", "gamma"):
             raise ConfigError("workload.type: capacity search needs an open-loop workload (trace, poisson or gamma), "
-                              "not closed_loop")
+                              f"not {kind}")
         self.kind = kind
         self.trace_rate = trace_mean_rate(cfg, folder) if kind == "trace" else None
         self.start_rate = (self.trace_rate * cfg.workload.rate_scale) if kind == "trace" else float(cfg.workload.rate)
