@@ -146,3 +146,12 @@ def test_capacity_refuses_a_multi_turn_workload(tmp_path, capsys):
     assert capsys.readouterr().err == ("servesim: error: workload.type: capacity search needs an open-loop workload "
                                        "(trace, poisson or gamma), not multi_turn\n")
     assert not (tmp_path / "cap").exists() or not any((tmp_path / "cap").iterdir())
+
+
+def test_increasing_profile_is_refused_with_plain_numbers(tmp_path, capsys):
+    (tmp_path / "acc.yaml").write_text("source: me\nper_position_acceptance: [0.5, 0.9]\n")
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    spec = '{"method": "eagle", "num_speculative_tokens": 2, "acceptance": "acc.yaml"}'
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--speculative-config", spec]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("acc.yaml: per_position_acceptance must be non-increasing, got [0.5, 0.9]\n"), err
