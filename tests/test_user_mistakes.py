@@ -155,3 +155,16 @@ def test_increasing_profile_is_refused_with_plain_numbers(tmp_path, capsys):
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--speculative-config", spec]) == 2
     err = capsys.readouterr().err
     assert err.endswith("acc.yaml: per_position_acceptance must be non-increasing, got [0.5, 0.9]\n"), err
+
+
+def test_failed_validate_rerun_removes_the_earlier_tables(tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("validation.csv", "validation.png"):
+        (out / name).write_text("an earlier validation\n")
+    (tmp_path / "bench.json").write_text('{"completed": 0}')
+    server = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["validate", "--vllm-bench", str(tmp_path / "bench.json"), "--server", str(server), "--out", str(out)]
+    assert main(argv) == 2
+    assert "bench.json: completed: " in capsys.readouterr().err
+    assert list(out.iterdir()) == []

@@ -30,11 +30,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="exit with status 1 when any case is outside its tolerance (default: report only)")
 
 
+#: Files ``servesim validate`` writes into ``--out``.
+VALIDATE_OUTPUTS = ("validation.csv", "validation.png")
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the cases, print the report, write the CSV and PNG; returns 0, or 1 with ``--strict`` when a case
     is outside its tolerance (errors raise ServesimError)."""
     from servesim.analysis.validation import format_table, load_cases, plot, run_cases, write_csv
-    from servesim.atomic import prepare_output_dir
+    from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.errors import ConfigError
 
     bench = list(getattr(args, "vllm_bench", []) or [])
@@ -53,8 +57,10 @@ def run(args: argparse.Namespace) -> int:
             cases.append(LoadedCase(case=case, file=Path.cwd() / "--vllm-bench", index=i, key="vllm_bench"))
     if not cases:
         raise ConfigError("validate: no cases to run (none marked fast: true?)")
-    prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
-    results = run_cases(cases, progress=lambda name: print(f"running {name}", file=sys.stderr))
+    out = prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
+    # a failed or interrupted rerun must not leave the earlier validation.csv/png looking current
+    with replacing_outputs(out, VALIDATE_OUTPUTS):
+        results = run_cases(cases, progress=lambda name: print(f"running {name}", file=sys.stderr))
     print(format_table(results, markdown=args.markdown))
     inside = sum(r.within for r in results)
     print(f"\n{inside} of {len(results)} cases within tolerance.")
@@ -65,8 +71,8 @@ def run(args: argparse.Namespace) -> int:
             why = r.notes or "no note"
             extra = f" [{r.detail}]" if r.detail else ""
             print(f"  {r.name}:{extra} {why}")
-    out = Path(args.out)
-    csv_path = write_csv(results, out / "validation.csv")
-    png_path = plot(results, out / "validation.png")
+    with replacing_outputs(out, VALIDATE_OUTPUTS):  # no CSV left without its figure
+        csv_path = write_csv(results, out / "validation.csv")
+        png_path = plot(results, out / "validation.png")
     print(f"wrote {csv_path} and {png_path}")
     return 1 if outside and getattr(args, "strict", False) else 0

@@ -151,7 +151,9 @@ class AcceptanceProfile(BaseModel):
         if self.per_position_acceptance is not None:
             p = np.asarray(self.per_position_acceptance)
             if np.any(np.diff(p) > _TOL):
-                raise ValueError(f"per_position_acceptance must be non-increasing, got {list(self.per_position_acceptance)}")
+                raise ValueError(
+                    f"per_position_acceptance must be non-increasing, got {list(self.per_position_acceptance)}"
+                )
         m = self.no_match_probability or 0.0
         if self.rates_include_no_match and m > 0 and self._raw_unconditional()[0] > 1.0 - m + 1e-6:
             raise ValueError(
