@@ -168,3 +168,28 @@ def test_failed_validate_rerun_removes_the_earlier_tables(tmp_path, capsys):
     assert main(argv) == 2
     assert "bench.json: completed: " in capsys.readouterr().err
     assert list(out.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", ["capacity", "tune-k"])
+def test_interrupted_while_writing_leaves_no_partial_tables(tmp_path, monkeypatch, capsys, command):
+    import servesim.analysis.capacity_command as capacity_command
+    import servesim.analysis.tune_k_command as tune_k_command
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(capacity_command, "plot_slo_attainment", interrupted)
+    monkeypatch.setattr(tune_k_command, "plot_check", interrupted)
+    out = tmp_path / "out"
+    if command == "capacity":
+        cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+        argv = ["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--max-rate", "8", "--replications", "1"]
+    else:
+        spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": {"alpha": 0.6}}
+        workload = {"type": "closed_loop", "concurrency": 1, "requests_per_client": 2,
+                    "prompt_tokens": {"type": "fixed", "value": 50}, "output_tokens": {"type": "fixed", "value": 20}}
+        cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload, "speculative_config": spec})
+        argv = ["tune-k", str(cfg), "--batch-sizes", "1,2", "--requests-per-client", "2"]
+    assert main([*argv, "--out", str(out), "--quiet"]) == 130
+    assert capsys.readouterr().err.endswith("servesim: interrupted\n")
+    assert list(out.iterdir()) == []  # a table without its figure would look like a finished search

@@ -86,9 +86,10 @@ def run(args: argparse.Namespace) -> int:
         else:
             result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
     frame = capacity_frame(result)
-    write_csv(frame, out / "capacity.csv")
-    table = plot_slo_attainment(frame, result, out / "slo_attainment.png")
-    write_csv(table, out / "slo_attainment.csv")
+    with replacing_outputs(out, CAPACITY_OUTPUTS):  # interrupted while writing: no partial set of files
+        write_csv(frame, out / "capacity.csv")
+        table = plot_slo_attainment(frame, result, out / "slo_attainment.png")
+        write_csv(table, out / "slo_attainment.csv")
     print(format_result(result, search))
     print(f"wrote {out / 'capacity.csv'}, {out / 'slo_attainment.csv'}, {out / 'slo_attainment.png'}")
     return 0

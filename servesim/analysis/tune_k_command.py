@@ -96,10 +96,11 @@ def run(args: argparse.Namespace) -> int:
         result = tune_k(cfg, folder, k_max=args.k_max, batch_sizes=sizes, slos=slos,
                         replications=args.replications, requests_per_client=args.requests_per_client,
                         boundary=args.boundary, executor=executor, progress=progress)
-    atomic_write_text(out / "tune_k.json", json.dumps(result.to_json(), indent=2) + "\n")
-    write_csv(result.grid, out / "tune_k_grid.csv")
-    write_csv(result.check, out / "tune_k_check.csv")
-    plot_check(result.check, out / "tune_k.png")
+    with replacing_outputs(out, TUNE_K_OUTPUTS):  # interrupted while writing: no partial set of files
+        atomic_write_text(out / "tune_k.json", json.dumps(result.to_json(), indent=2) + "\n")
+        write_csv(result.grid, out / "tune_k_grid.csv")
+        write_csv(result.check, out / "tune_k_check.csv")
+        plot_check(result.check, out / "tune_k.png")
     print(format_result(result))
     print(f"wrote {out / 'tune_k.json'}, {out / 'tune_k_grid.csv'}, {out / 'tune_k_check.csv'}, "
           f"{out / 'tune_k.png'}, {out / 'tune_k.csv'}")
