@@ -2,8 +2,9 @@
 
 Runs the real command (start-up, loading, simulation, writing the files) as a child process, at the
 trace's own rate and at 4x (timestamps divided by 4: big batches, a full KV cache, preemptions), and
-reports the median wall time of several repeats, simulated requests per wall second and the child's peak
-resident memory. Optionally the same with speculative decoding (EAGLE, k = 3).
+reports the median wall time of several repeats and their range, simulated requests per wall second, the
+child's peak resident memory and the median divided by a 3-million-iteration Python loop timed before and
+after the repeats (a ratio that varies less than the wall time on a shared machine). Optionally the same with speculative decoding (EAGLE, k = 3).
 
     python benchmarks/bench_azure.py [--repeats 5] [--spec]
 
@@ -59,15 +60,23 @@ def main() -> None:
     parser.add_argument("--spec", action="store_true", help="also time EAGLE k=3 speculative decoding")
     args = parser.parse_args()
     variants = [(1.0, False), (4.0, False)] + ([(1.0, True), (4.0, True)] if args.spec else [])
+    references = [reference_loop_s()]
     print(f"servesim run --no-plot, Azure conversation trace ({REQUESTS:,} requests), {os.cpu_count()} CPUs, "
-          f"reference 3M-iteration Python loop {reference_loop_s():.2f} s")
-    print(f"{'rate':>5} {'speculation':>12} {'wall s (median)':>16} {'requests / wall s':>18} {'peak MB':>8}")
+          f"reference 3M-iteration Python loop {references[0]:.2f} s")
+    print(f"{'rate':>5} {'speculation':>12} {'wall s (median)':>16} {'range':>13} {'requests / wall s':>18} "
+          f"{'peak MB':>8} {'wall / reference':>17}")
     for rate, spec in variants:
         runs = [run_once(rate, spec) for _ in range(args.repeats)]
-        wall = statistics.median(r[0] for r in runs)
+        references.append(reference_loop_s())  # the machine's speed right after this variant's runs
+        walls = [r[0] for r in runs]
+        wall = statistics.median(walls)
         peak = max(r[1] for r in runs)
         label = "EAGLE k=3" if spec else "off"
-        print(f"{rate:>4g}x {label:>12} {wall:>16.3f} {REQUESTS / wall:>18,.0f} {peak:>8.0f}")
+        ratio = wall / statistics.median(references[-2:])
+        print(f"{rate:>4g}x {label:>12} {wall:>16.3f} {min(walls):>6.2f}-{max(walls):<6.2f} {REQUESTS / wall:>18,.0f} "
+              f"{peak:>8.0f} {ratio:>17.1f}")
+    print(f"reference loop over the benchmark: {min(references):.2f}-{max(references):.2f} s; wall / reference "
+          "divides each median by the mean of the reference just before and just after its runs")
 
 
 if __name__ == "__main__":
