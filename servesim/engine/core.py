@@ -110,6 +110,11 @@ class Engine:
         self.max_seqs = int(max_num_seqs)
         self.chunked = bool(enable_chunked_prefill)
         self.mode = mode
+        # run mode after a fallback (one exact step on per-request state): how many further steps stay on
+        # that state before the aggregate is rebuilt, the current stretch, and the step of the last rebuild
+        self.explicit_steps_left = 0
+        self.fallback_stretch = 0
+        self.aggregated_at_step = 0
         self.total_blocks = int(kv_blocks_total) - 1  # usable blocks: vLLM's block pool keeps block 0 as its null block
         # vLLM's per-request token costs in a step (0 without speculation; see SpecEngine): slots taken out of
         # the token budget per scheduled request for drafting, and the prefill lookahead of multi-layer MTP
@@ -206,6 +211,12 @@ class Engine:
             t0 = self.now
             if self.mode == "step":
                 self._explicit_step()
+            elif self.explicit_steps_left:
+                self._explicit_step()
+                self.explicit_steps_left -= 1
+                if not self.explicit_steps_left:
+                    self._aggregate()
+                    self.aggregated_at_step = self.G
             else:
                 self._fast_step()
             yield env.timeout((self.now - t0) / PS_PER_S)
@@ -495,11 +506,29 @@ class Engine:
                     raise RuntimeError("engine invariant broken: two running requests are mid-prefill")
                 self.partial = r  # at most one, the last admitted (see the module docstring)
 
+    #: Longest stretch of steps (after a fallback) kept on per-request state before rebuilding the aggregate.
+    MAX_FALLBACK_STRETCH = 32
+
     def _fallback(self) -> None:
-        """One plain step on materialised per-request state, then back to the aggregate (rare cases)."""
+        """One exact step on materialised per-request state (the step mode's step), then back to the aggregate.
+
+        Fallbacks that come in a row (async scheduling next to preemptions or prefill chunks, where the
+        aggregate cannot take the step) would rebuild the aggregate after every step, O(running requests)
+        each: when a fallback comes within eight steps of the last rebuild, the engine stays on per-request
+        state for a stretch of steps that doubles while they keep coming (1, 3, 7, ... up to
+        ``MAX_FALLBACK_STRETCH``) and resets when one comes later. Every such step is the step mode's own,
+        so results are unchanged; only the cost moves.
+        """
         self._materialize()
         self._explicit_step()
-        self._aggregate()
+        if self.G - self.aggregated_at_step <= 8:
+            self.fallback_stretch = min(2 * self.fallback_stretch + 1, self.MAX_FALLBACK_STRETCH)
+        else:
+            self.fallback_stretch = 0
+        self.explicit_steps_left = self.fallback_stretch
+        if not self.explicit_steps_left:
+            self._aggregate()
+            self.aggregated_at_step = self.G
 
     def _next_finish(self) -> int:
         """Step at which the first aggregated decoder emits its last token (skips stale heap entries)."""
