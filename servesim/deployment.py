@@ -41,7 +41,7 @@ import simpy
 
 from servesim.engine.arrivals import ArrivalSource
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
-from servesim.engine.router import ReplicaSource, Router
+from servesim.engine.router import PrefixAwareRouting, ReplicaSource, Router
 from servesim.roofline import PS_PER_S
 
 
@@ -84,7 +84,9 @@ class Deployment:
         make_replica: builds one replica's engine over requests ``0..N-1`` of the workload's token arrays
             reading from the given arrival source (e.g. ``lambda s: make_engine(prepared, s)``).
         replicas: R >= 1.
-        router: ``round_robin``, ``least_outstanding`` or ``shortest_queue``.
+        router: ``round_robin``, ``least_outstanding``, ``shortest_queue`` or ``prefix_aware``.
+        prefix_aware: the ``prefix_aware`` router's settings (see :func:`prefix_aware_routing`, which
+            hashes the workload's prompts for it); required by that router only.
 
     Attributes:
         env: the SimPy environment (time unit: integer picoseconds).
@@ -92,16 +94,17 @@ class Deployment:
         router: the :class:`~servesim.engine.router.Router`.
 
     Raises:
-        ValueError: ``replicas < 1`` or an unknown router.
+        ValueError: ``replicas < 1``, an unknown router, or ``prefix_aware`` without its settings.
     """
 
-    def __init__(self, workload, make_replica: Callable[[ReplicaSource], object], replicas: int, router: str) -> None:
+    def __init__(self, workload, make_replica: Callable[[ReplicaSource], object], replicas: int, router: str,
+                 prefix_aware: PrefixAwareRouting | None = None) -> None:
         from servesim.setup import arrival_source
 
         self.env = simpy.Environment(initial_time=0)
         self.source: ArrivalSource = arrival_source(workload)
         # The router is created first: its first URGENT wake-up precedes the replicas' start events.
-        self.router = Router(self.env, self.source, replicas, router)
+        self.router = Router(self.env, self.source, replicas, router, prefix_aware)
         self.engines = []
         for j in range(replicas):
             src = ReplicaSource(self.router, j)
@@ -201,6 +204,50 @@ def merge_outputs(outs: list[EngineOutput], assignment: np.ndarray) -> EngineOut
     )
 
 
+def prefix_aware_routing(
+    workload,
+    *,
+    block_size_tokens: int,
+    max_prefix_blocks_to_match: int,
+    lru_capacity_per_server: int,
+    prefix_cache_scorer_weight: float,
+    queue_scorer_weight: float,
+    active_request_scorer_weight: float,
+) -> PrefixAwareRouting:
+    """The ``prefix_aware`` router's settings, with the prompt block hashes it computes for every request.
+
+    Request ``i``'s hashes are those of its prompt's first ``min(prompt_tokens[i] // block_size_tokens,
+    max_prefix_blocks_to_match)`` full blocks (``Workload.content.block_hashes_many``, one pass over all
+    requests); a workload without ``content`` shares no prefix, so no hashes are made (the prefix term
+    is 0 for every replica).
+
+    Args:
+        workload: the :class:`~servesim.workload.Workload` (N requests).
+        block_size_tokens: tokens per hashed block (>= 1; the engine's ``block_size`` by default).
+        max_prefix_blocks_to_match: most blocks hashed per prompt (>= 1).
+        lru_capacity_per_server, prefix_cache_scorer_weight, queue_scorer_weight,
+            active_request_scorer_weight: as :class:`~servesim.engine.router.PrefixAwareRouting`.
+
+    Raises:
+        ValueError: as :class:`~servesim.engine.router.PrefixAwareRouting`, or a block size or block cap
+            below 1.
+    """
+    if block_size_tokens < 1 or max_prefix_blocks_to_match < 1:
+        raise ValueError("block_size_tokens and max_prefix_blocks_to_match must be >= 1")
+    hashes = None
+    if workload.content is not None:
+        blocks = np.minimum(np.asarray(workload.prompt_tokens) // block_size_tokens, max_prefix_blocks_to_match)
+        hashes = workload.content.block_hashes_many(np.arange(len(workload), dtype=np.int64), block_size_tokens,
+                                                    blocks)
+    return PrefixAwareRouting(
+        prefix_cache_scorer_weight=prefix_cache_scorer_weight,
+        queue_scorer_weight=queue_scorer_weight,
+        active_request_scorer_weight=active_request_scorer_weight,
+        lru_capacity_per_server=lru_capacity_per_server,
+        prompt_hashes=hashes,
+    )
+
+
 def build_deployment(cfg, folder: Path, root: np.random.SeedSequence):
     """Build ``cfg.deployment.replicas`` replicas of the config's server behind its router.
 
@@ -213,7 +260,8 @@ def build_deployment(cfg, folder: Path, root: np.random.SeedSequence):
     Returns:
         ``(deployment, env, info)``: ``deployment.output()`` (merged) and ``deployment.replica_outputs()``
         after ``env.run()``; ``info`` is the single-replica setup plus ``replicas``, ``router`` and
-        ``kv_cache_blocks_total`` (blocks over all replicas).
+        ``kv_cache_blocks_total`` (blocks over all replicas), and for the ``prefix_aware`` router its
+        resolved settings (``prefix_aware``: weights, block size, block cap, index capacity).
 
     Raises:
         ConfigError: as :func:`servesim.setup.prepare` and :func:`servesim.setup.make_engine`.
@@ -222,7 +270,16 @@ def build_deployment(cfg, folder: Path, root: np.random.SeedSequence):
 
     p = prepare(cfg, folder, root)
     dep = cfg.deployment
-    deployment = Deployment(p.workload, lambda source: make_engine(p, source), dep.replicas, dep.router)
     info = dict(p.info)
+    routing = None
+    if dep.router == "prefix_aware":
+        settings = dep.prefix_aware.model_dump()
+        if settings["block_size_tokens"] is None:
+            settings["block_size_tokens"] = cfg.engine.block_size
+        if settings["lru_capacity_per_server"] is None:
+            settings["lru_capacity_per_server"] = int(p.kv_blocks)  # llm-d's autoTune: the server's KV blocks
+        routing = prefix_aware_routing(p.workload, **settings)
+        info["prefix_aware"] = settings
+    deployment = Deployment(p.workload, lambda source: make_engine(p, source), dep.replicas, dep.router, routing)
     info.update(replicas=dep.replicas, router=dep.router, kv_cache_blocks_total=dep.replicas * p.kv_blocks)
     return deployment, deployment.env, info

@@ -126,17 +126,64 @@ class SimulationConfig(_Strict):
     measure: MeasureWindow | None = None
 
 
+class PrefixAwareRouterConfig(_Strict):
+    """``deployment.prefix_aware``: the prefix-aware router's scorers (llm-d's inference scheduler).
+
+    Names follow llm-d's plugins (``prefix-cache-scorer``, ``queue-scorer``; ``blockSizeTokens``,
+    ``maxPrefixBlocksToMatch``, ``lruCapacityPerServer`` of its approximate prefix-cache producer); the
+    score and the sources of the defaults: :class:`servesim.engine.router.PrefixAwareRouting`.
+
+    Attributes:
+        prefix_cache_scorer_weight: weight of the prefix-cache score (matched / prompt blocks); llm-d 3.
+        queue_scorer_weight: weight of the waiting-queue score; llm-d 2.
+        active_request_scorer_weight: weight of the outstanding-requests score (in the place of llm-d's
+            KV-cache-utilization scorer, weight 2).
+        block_size_tokens: tokens per hashed block; default: ``engine.block_size``.
+        max_prefix_blocks_to_match: most prompt blocks hashed per request; llm-d 256.
+        lru_capacity_per_server: block hashes the router's index keeps per replica; default: the
+            replica's KV-cache blocks (llm-d's ``autoTune``; its fixed default is 31,250).
+    """
+
+    prefix_cache_scorer_weight: float = Field(default=3.0, ge=0.0, allow_inf_nan=False)
+    queue_scorer_weight: float = Field(default=2.0, ge=0.0, allow_inf_nan=False)
+    active_request_scorer_weight: float = Field(default=2.0, ge=0.0, allow_inf_nan=False)
+    block_size_tokens: int | None = Field(default=None, ge=1)
+    max_prefix_blocks_to_match: int = Field(default=256, ge=1)
+    lru_capacity_per_server: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _some_weight(self) -> "PrefixAwareRouterConfig":
+        """Refuse all-zero weights (every replica would tie): ValueError."""
+        if not (self.prefix_cache_scorer_weight or self.queue_scorer_weight or self.active_request_scorer_weight):
+            raise ValueError("at least one scorer weight must be above 0")
+        return self
+
+
 class DeploymentConfig(_Strict):
     """Replicas of the same server behind a router.
 
     Attributes:
         replicas: identical engine replicas (each with ``tensor_parallel_size`` GPUs).
-        router: ``round_robin``, ``least_outstanding`` (fewest unfinished requests) or ``shortest_queue``
-            (fewest waiting requests); ties go to the lowest replica index.
+        router: ``round_robin``, ``least_outstanding`` (fewest unfinished requests), ``shortest_queue``
+            (fewest waiting requests) or ``prefix_aware`` (cached prefix and load, as llm-d scores pods;
+            settings in ``prefix_aware``); ties go to the lowest replica index.
+        prefix_aware: the ``prefix_aware`` router's settings (:class:`PrefixAwareRouterConfig`); only with
+            that router (defaults when omitted).
     """
 
     replicas: int = Field(default=1, ge=1)
-    router: Literal["round_robin", "least_outstanding", "shortest_queue"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "shortest_queue", "prefix_aware"] = "round_robin"
+    prefix_aware: PrefixAwareRouterConfig | None = None
+
+    @model_validator(mode="after")
+    def _settings_for_router(self) -> "DeploymentConfig":
+        """Fill in the prefix-aware defaults, and refuse its settings with another router: ValueError."""
+        if self.router == "prefix_aware":
+            if self.prefix_aware is None:
+                self.prefix_aware = PrefixAwareRouterConfig()
+        elif self.prefix_aware is not None:
+            raise ValueError(f"prefix_aware settings are only read by router: prefix_aware (router is {self.router})")
+        return self
 
 
 class SimConfig(_Strict):

@@ -8,6 +8,9 @@ Policies (``deployment.router``), ties always to the lowest replica index:
 * ``shortest_queue``: fewest waiting requests: the replica's waiting queue as its current step scheduled
   it (preempted requests included, as vLLM's ``num_requests_waiting``) plus the requests routed to it
   that it has not pulled yet (it pulls them at its next step boundary).
+* ``prefix_aware``: the highest weighted sum of a prefix-cache score and two load scores, as llm-d's
+  inference scheduler (its endpoint picker) scores pods; see :class:`PrefixAwareRouting` and
+  :class:`ApproxPrefixIndex`.
 
 Timing. The deployment's SimPy clock counts integer picoseconds (exact, no float drift). The router's
 wake-ups are SimPy events of priority ``URGENT`` (:class:`UrgentTimeout`), the replicas' steps are plain
@@ -28,16 +31,138 @@ think time (a finish is known one step ahead), which the source reports too.
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 import simpy
 from simpy.core import URGENT
 from simpy.events import Event
 
 from servesim.engine.arrivals import ArrivalSource
+from servesim.workload.content import BlockHashes
 
 #: Router policies understood by :class:`Router` (vLLM production-stack / llm-d style names).
-ROUTERS: tuple[str, ...] = ("round_robin", "least_outstanding", "shortest_queue")
+ROUTERS: tuple[str, ...] = ("round_robin", "least_outstanding", "shortest_queue", "prefix_aware")
+
+
+@dataclass(frozen=True)
+class PrefixAwareRouting:
+    """Settings and inputs of the ``prefix_aware`` router (llm-d's inference scheduler, approximate mode).
+
+    For each request the router scores every replica ``j`` and picks the highest score (ties: the lowest
+    index)::
+
+        score_j = prefix_cache_scorer_weight   * matched_j / total
+                + queue_scorer_weight          * (q_max - q_j) / (q_max - q_min)
+                + active_request_scorer_weight * (a_max - a_j) / (a_max - a_min)
+
+    * ``total``: the request's prompt blocks the router hashes: its full blocks of ``block_size_tokens``
+      tokens (a partial last block is never hashed), at most ``max_prefix_blocks_to_match``; ``matched_j``:
+      the longest run of those blocks, from the first, that the router's own index holds for replica ``j``
+      (:class:`ApproxPrefixIndex`); the term is 0 when ``total`` is 0. This is the ``prefix-cache-scorer``
+      (score = matched blocks / prompt blocks) over the ``approx-prefix-cache-producer``'s index, which
+      records after every routing decision that the chosen pod now holds the request's prompt blocks;
+      the router never sees what a replica really caches or evicts (llm-d docs, "Prefix-Cache Aware
+      Routing", approximate implementation; gateway-api-inference-extension
+      ``pkg/epp/scheduling/framework/plugins/multi/prefix/plugin.go``). Here the blocks are the
+      workload's own chained block hashes (``Workload.content``, :mod:`servesim.workload.content`),
+      where llm-d approximates tokens by characters: the simulated router hashes exact token blocks.
+    * ``q_j``: the replica's waiting requests (as ``shortest_queue``), min-max normalised across the
+      replicas as llm-d's ``queue-scorer`` does (shortest 1, longest 0, all equal: 1).
+    * ``a_j``: the replica's outstanding requests, routed and not finished (as ``least_outstanding``),
+      normalised the same way: the router's own count of requests in flight, in the place of llm-d's
+      ``kv-cache-utilization-scorer`` (which scrapes each server's KV-cache use; this router reads no
+      engine state but the waiting queue, vLLM's ``num_requests_waiting`` metric).
+
+    Defaults (the config's): weights 3 / 2 / 2, the weights of the prefix-cache, queue and
+    KV-cache-utilization scorers in llm-d's default scheduling profile; ``max_prefix_blocks_to_match``
+    256 and the index capacity ``lru_capacity_per_server`` (entries = blocks per replica; llm-d's fixed
+    default 31,250 is the KV blocks of Llama-3-8B on an 80 GB H100; by default servesim takes the
+    replica's own KV-cache blocks, as llm-d's ``autoTune`` reads them from the server) and
+    ``block_size_tokens`` = the engine's ``block_size`` (llm-d: must match the server's block size;
+    vLLM's default 16).
+
+    Attributes:
+        prefix_cache_scorer_weight, queue_scorer_weight, active_request_scorer_weight: weights (>= 0,
+            not all 0).
+        lru_capacity_per_server: block hashes the index keeps per replica (>= 1).
+        prompt_hashes: the prompt block hashes the router computes for each request (``of(i)`` =
+            request ``i``'s, at most ``max_prefix_blocks_to_match`` of ``block_size_tokens`` tokens each),
+            or None when the workload shares no content (no prefix can match: the prefix term is 0).
+
+    Raises:
+        ValueError: a negative or non-finite weight, all weights 0, or a capacity below 1.
+    """
+
+    prefix_cache_scorer_weight: float
+    queue_scorer_weight: float
+    active_request_scorer_weight: float
+    lru_capacity_per_server: int
+    prompt_hashes: BlockHashes | None
+
+    def __post_init__(self) -> None:
+        weights = (self.prefix_cache_scorer_weight, self.queue_scorer_weight, self.active_request_scorer_weight)
+        if any(not (w >= 0.0 and w < float("inf")) for w in weights) or not any(weights):
+            raise ValueError(f"scorer weights must be finite, >= 0 and not all 0 (got {weights})")
+        if self.lru_capacity_per_server < 1:
+            raise ValueError(f"lru_capacity_per_server must be >= 1 (got {self.lru_capacity_per_server})")
+
+
+class ApproxPrefixIndex:
+    """The router's own index of the prompt blocks it has sent to each replica, LRU-bounded per replica.
+
+    As llm-d's approximate prefix-cache index (gateway-api-inference-extension's prefix plugin indexer):
+    after a request is routed to replica ``j``, each of its prompt block hashes is recorded for ``j`` in
+    order, first block first; a hash ``j`` already holds becomes its most recently used, a new one is added
+    after evicting ``j``'s least recently used hashes while it holds ``capacity`` of them. Replicas' entries
+    are independent (one LRU per replica).
+
+    Args:
+        num_replicas: R >= 1.
+        capacity: hashes kept per replica (>= 1).
+
+    Attributes:
+        lru: per replica, an ``OrderedDict`` of block hash (int) -> None, least recently used first.
+    """
+
+    def __init__(self, num_replicas: int, capacity: int) -> None:
+        self.capacity = int(capacity)
+        self.lru: list[OrderedDict] = [OrderedDict() for _ in range(num_replicas)]
+
+    def matched_blocks(self, replica: int, hashes: list[int]) -> int:
+        """How many of ``hashes`` (a prompt's block hashes, first block first) the replica holds in a row
+        from the first (the blocks a prefix cache holding them would hit); reads do not change the order."""
+        held = self.lru[replica]
+        count = 0
+        for h in hashes:
+            if h not in held:
+                break
+            count += 1
+        return count
+
+    def add(self, replica: int, hashes: list[int]) -> None:
+        """Record that ``replica`` was sent a prompt with these block hashes (in order)."""
+        held = self.lru[replica]
+        for h in hashes:
+            if h in held:
+                held.move_to_end(h)
+                continue
+            while len(held) >= self.capacity:
+                held.popitem(last=False)
+            held[h] = None
+
+
+def _min_max_scores(values: list[int]) -> list[float]:
+    """llm-d's queue-scorer normalisation: ``(max - v) / (max - min)``; 1.0 for all when they are equal."""
+    low, high = min(values), max(values)
+    if high == low:
+        return [1.0] * len(values)
+    return [(high - v) / (high - low) for v in values]
+
+
+def _lowest(values: list[int]) -> int:
+    """Index of the smallest value (the first of equal ones)."""
+    return min(range(len(values)), key=values.__getitem__)
 
 
 class UrgentTimeout(Event):
@@ -68,6 +193,7 @@ class Router:
         source: the global arrival source over requests ``0..N-1`` (open loop or closed loop).
         num_replicas: R >= 1.
         policy: one of :data:`ROUTERS`.
+        prefix_aware: the ``prefix_aware`` policy's settings (required by it, ignored by the others).
 
     Attributes:
         assignment: list of N ints, the replica of each request (-1 = not routed yet).
@@ -78,16 +204,24 @@ class Router:
             deployment; needed by ``shortest_queue``).
         next_run_ps: per replica, when its SimPy process next resumes (ps), or None once it has ended.
         has_work: per replica, a callable telling whether it holds any request (closed-loop bound).
+        prefix_index: the ``prefix_aware`` router's :class:`ApproxPrefixIndex` (None for other policies).
 
     Raises:
-        ValueError: unknown policy or ``num_replicas < 1``.
+        ValueError: unknown policy, ``num_replicas < 1``, or ``prefix_aware`` without its settings.
     """
 
-    def __init__(self, env: simpy.Environment, source: ArrivalSource, num_replicas: int, policy: str) -> None:
+    def __init__(self, env: simpy.Environment, source: ArrivalSource, num_replicas: int, policy: str,
+                 prefix_aware: PrefixAwareRouting | None = None) -> None:
         if policy not in ROUTERS:
             raise ValueError(f"unknown router {policy!r} (expected one of {', '.join(ROUTERS)})")
         if num_replicas < 1:
             raise ValueError("num_replicas must be >= 1")
+        if policy == "prefix_aware" and prefix_aware is None:
+            raise ValueError("the prefix_aware router needs its PrefixAwareRouting settings")
+        self.prefix_aware = prefix_aware if policy == "prefix_aware" else None
+        self.prefix_index = (
+            ApproxPrefixIndex(num_replicas, prefix_aware.lru_capacity_per_server) if self.prefix_aware else None
+        )
         self.env = env
         self.source = source
         self.R = int(num_replicas)
@@ -124,33 +258,50 @@ class Router:
         if not got:
             return
         for r, t in got:
-            j = self._choose(t)
+            j = self._choose(r, t)
             self.assignment[r] = j
             self.inbox[j].append((r, t))
             self.routed[j] += 1
             self._num_routed += 1
         got.clear()
 
-    def _choose(self, t_ps: int) -> int:
-        R = self.R
+    def _choose(self, request: int, t_ps: int) -> int:
         if self.policy == "round_robin":
-            return self._num_routed % R
+            return self._num_routed % self.R
         if self.policy == "least_outstanding":
-            best, best_value = 0, None
-            for j in range(R):
-                times = self._finish_times[j]
-                while times and times[0] <= t_ps:
-                    times.popleft()
-                    self.finished[j] += 1
-                value = self.routed[j] - self.finished[j]
-                if best_value is None or value < best_value:
-                    best, best_value = j, value
-            return best
-        best, best_value = 0, None
-        for j in range(R):
-            value = self.waiting_of[j]() + len(self.inbox[j])
-            if best_value is None or value < best_value:
-                best, best_value = j, value
+            return _lowest(self._outstanding(t_ps))
+        if self.policy == "shortest_queue":
+            return _lowest(self._queue_lengths())
+        return self._choose_prefix_aware(request, t_ps)
+
+    def _outstanding(self, t_ps: int) -> list[int]:
+        """Per replica: requests routed to it and not finished by ``t_ps`` (a finish at ``t_ps`` counts)."""
+        for j in range(self.R):
+            times = self._finish_times[j]
+            while times and times[0] <= t_ps:
+                times.popleft()
+                self.finished[j] += 1
+        return [self.routed[j] - self.finished[j] for j in range(self.R)]
+
+    def _queue_lengths(self) -> list[int]:
+        """Per replica: its engine's waiting queue plus the requests routed to it and not pulled yet."""
+        return [self.waiting_of[j]() + len(self.inbox[j]) for j in range(self.R)]
+
+    def _choose_prefix_aware(self, request: int, t_ps: int) -> int:
+        """The best score of :class:`PrefixAwareRouting` (ties: lowest index), then index the prompt there."""
+        cfg = self.prefix_aware
+        index = self.prefix_index
+        hashes = cfg.prompt_hashes.of(request).tolist() if cfg.prompt_hashes is not None else []
+        queue = _min_max_scores(self._queue_lengths())
+        active = _min_max_scores(self._outstanding(t_ps))
+        best, best_score = 0, None
+        for j in range(self.R):
+            score = cfg.queue_scorer_weight * queue[j] + cfg.active_request_scorer_weight * active[j]
+            if hashes:
+                score += cfg.prefix_cache_scorer_weight * index.matched_blocks(j, hashes) / len(hashes)
+            if best_score is None or score > best_score:
+                best, best_score = j, score
+        index.add(best, hashes)
         return best
 
     # ------------------------------------------------------------------ wake-ups (URGENT events)
