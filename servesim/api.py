@@ -111,6 +111,7 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
     if cfg.deployment.replicas > 1:
         per_replica = [summarize(o, slo=slo or None) for o in runner.replica_outputs()]
         summary["replicas"] = per_replica
+        summary["router"] = runner.router_summary()
         # the merged step log interleaves the replicas' rows: report KV-cache utilisation per replica
         util = [r["kv_cache_utilization"] for r in per_replica if r.get("kv_cache_utilization")]
         if util:

@@ -123,6 +123,19 @@ class Deployment:
         """int64 (N,): the replica each request was routed to (-1: never routed)."""
         return np.asarray(self.router.assignment, dtype=np.int64)
 
+    def router_summary(self) -> dict:
+        """What the router did (after ``env.run()``): ``policy``, ``requests_per_replica`` (list of R ints)
+        and, for ``prefix_aware``, ``prefix_hashed_blocks``, ``prefix_matched_blocks`` (see
+        :class:`~servesim.engine.router.Router`) and ``prefix_match_rate`` (matched / hashed; None when
+        nothing was hashed)."""
+        router = self.router
+        out = {"policy": router.policy, "requests_per_replica": list(router.routed)}
+        if router.prefix_aware is not None:
+            hashed, matched = router.prefix_hashed_blocks, router.prefix_matched_blocks
+            out.update(prefix_hashed_blocks=hashed, prefix_matched_blocks=matched,
+                       prefix_match_rate=matched / hashed if hashed else None)
+        return out
+
     def replica_outputs(self) -> list[EngineOutput]:
         """Each replica's :class:`EngineOutput`, its RequestLog restricted to the requests routed to it
         (``request_id`` = global ids, ascending); call after ``env.run()``."""

@@ -205,6 +205,9 @@ class Router:
         next_run_ps: per replica, when its SimPy process next resumes (ps), or None once it has ended.
         has_work: per replica, a callable telling whether it holds any request (closed-loop bound).
         prefix_index: the ``prefix_aware`` router's :class:`ApproxPrefixIndex` (None for other policies).
+        prefix_hashed_blocks, prefix_matched_blocks: ``prefix_aware``: prompt blocks hashed over every
+            routed request, and how many of them the chosen replica's index held (the router's estimate of
+            the prefix-cache hits it steered to; llm-d's EPP records the same match per request).
 
     Raises:
         ValueError: unknown policy, ``num_replicas < 1``, or ``prefix_aware`` without its settings.
@@ -222,6 +225,8 @@ class Router:
         self.prefix_index = (
             ApproxPrefixIndex(num_replicas, prefix_aware.lru_capacity_per_server) if self.prefix_aware else None
         )
+        self.prefix_hashed_blocks = 0
+        self.prefix_matched_blocks = 0
         self.env = env
         self.source = source
         self.R = int(num_replicas)
@@ -294,14 +299,17 @@ class Router:
         hashes = cfg.prompt_hashes.of(request).tolist() if cfg.prompt_hashes is not None else []
         queue = _min_max_scores(self._queue_lengths())
         active = _min_max_scores(self._outstanding(t_ps))
-        best, best_score = 0, None
+        best, best_score, best_matched = 0, None, 0
         for j in range(self.R):
             score = cfg.queue_scorer_weight * queue[j] + cfg.active_request_scorer_weight * active[j]
+            matched = index.matched_blocks(j, hashes) if hashes else 0
             if hashes:
-                score += cfg.prefix_cache_scorer_weight * index.matched_blocks(j, hashes) / len(hashes)
+                score += cfg.prefix_cache_scorer_weight * matched / len(hashes)
             if best_score is None or score > best_score:
-                best, best_score = j, score
+                best, best_score, best_matched = j, score, matched
         index.add(best, hashes)
+        self.prefix_hashed_blocks += len(hashes)
+        self.prefix_matched_blocks += best_matched
         return best
 
     # ------------------------------------------------------------------ wake-ups (URGENT events)
