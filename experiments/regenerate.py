@@ -22,7 +22,10 @@ Steps (README section: command):
 * ``capacity``: the capacity searches of README.md and experiments/capacity/README.md, the speculation
   sweeps against the rate and on Mooncake, and ``speculation_capacity.py``;
 * ``lesson-mechanics``: the runs and sweeps of experiments/lesson-mechanics/README.md (its figure goes to
-  ``experiments/lesson-mechanics/figures/``).
+  ``experiments/lesson-mechanics/figures/``);
+* ``prefix-caching``: ``experiments/prefix-caching/make_figures.py`` (Mooncake with and without prefix
+  caching, round-robin vs prefix-aware routing over 4 replicas, EAGLE with prefix caching; its figures go
+  to ``experiments/prefix-caching/figures/``).
 """
 
 from __future__ import annotations
@@ -117,6 +120,9 @@ STEPS: dict[str, list[tuple[list[str], list[tuple[str, str]]]]] = {
                      "--no-plot", "--set", "speculative_config=null"], []),
         (SERVESIM + ["sweep", "experiments/lesson-mechanics/ex09-tree-vs-chain.yaml", "--out", "out/lm-ex09"], []),
         (SERVESIM + ["plot", "out/lm-ex09"], [("lm-ex09/speedup.png", "experiments/lesson-mechanics/figures/ex09-speedup.png")]),
+    ],
+    "prefix-caching": [
+        (PY + ["experiments/prefix-caching/make_figures.py", "--jobs", "2"], []),
     ],
 }
 

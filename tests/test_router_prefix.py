@@ -74,6 +74,8 @@ def test_prefix_beats_queue_and_load_beats_a_shorter_prefix():
     wl = blocks_workload([[1, 2, 3, 4], [9, 10], [1, 2, 3, 5], [1, 2, 6, 7]])
     trace = Trace(wl, 2, routing(wl))
     assert [trace.route(0), trace.route(1), trace.route(2, [3, 0]), trace.route(3, [3, 0])] == [0, 1, 0, 1]
+    # the router's own tally: 4 + 2 + 4 + 4 blocks hashed, 3 of them held by the chosen replica (r2's)
+    assert (trace.router.prefix_hashed_blocks, trace.router.prefix_matched_blocks) == (14, 3)
 
 
 def test_a_heavier_prefix_weight_keeps_the_request_on_its_prefix():
@@ -241,6 +243,30 @@ def test_zero_prefix_weight_is_the_load_policys_choice(weights, policy):
     with_prefix = deploy(wl, "prefix_aware", settings=routing(wl, prefix=3.0, queue=queue, active=active),
                          max_num_seqs=1)
     assert not np.array_equal(with_prefix.assignment, load.assignment)
+
+
+def test_a_run_config_reports_the_resolved_settings_and_the_routers_tally():
+    from servesim import simulate
+
+    config = {
+        "hardware": "h100-sxm", "model": "llama-3.1-8b", "engine": {"block_size": 32},
+        "workload": {"type": "multi_turn", "rate": 1.0, "num_sessions": 6, "turns": {"type": "fixed", "value": 3},
+                     "message_tokens": {"type": "fixed", "value": 64}, "output_tokens": {"type": "fixed", "value": 32},
+                     "think_time_s": 5.0},
+        "deployment": {"replicas": 2, "router": "prefix_aware",
+                       "prefix_aware": {"prefix_cache_scorer_weight": 10.0, "queue_scorer_weight": 1.0,
+                                        "active_request_scorer_weight": 0.0}},
+    }
+    result = simulate(config)
+    settings = result.info["prefix_aware"]
+    assert settings["block_size_tokens"] == 32 and settings["queue_scorer_weight"] == 1.0
+    assert settings["lru_capacity_per_server"] == result.info["kv_cache_blocks"]
+    router = result.summary["router"]
+    assert router["policy"] == "prefix_aware" and sum(router["requests_per_replica"]) == 18
+    # prompts of 64, 160 and 256 tokens: 2 + 5 + 8 blocks of 32 per session; turns 2 and 3 match their
+    # previous turn's 2 and 5 blocks, and stay with it (10 x 2/5 = 4 beats any queue difference, <= 1)
+    assert router["prefix_hashed_blocks"] == 6 * 15
+    assert router["prefix_matched_blocks"] == 6 * 7 and router["prefix_match_rate"] == 42 / 90
 
 
 def test_a_workload_without_shared_content_routes_by_load_alone():
