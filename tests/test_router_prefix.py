@@ -278,3 +278,38 @@ def test_a_workload_without_shared_content_routes_by_load_alone():
     assert settings.prompt_hashes is None
     assert np.array_equal(deploy(wl, "prefix_aware", settings=settings).assignment,
                           deploy(wl, "least_outstanding").assignment)
+
+
+@pytest.mark.parametrize("loop", ["open", "closed"])
+def test_run_mode_equals_step_mode_with_the_prefix_aware_router(loop):
+    if loop == "open":
+        wl = chat(seed=5, rate=3.0, num_sessions=40)
+    else:   # a closed loop whose prompts share 8 system prompts (Zipf)
+        from servesim.workload import ClosedLoopWorkloadConfig
+
+        wl = build_workload(ClosedLoopWorkloadConfig(
+            type="closed_loop", concurrency=12, num_requests=150, think_time_s=0.05,
+            prompt_tokens={"type": "uniform", "low": 20, "high": 600},
+            output_tokens={"type": "uniform", "low": 5, "high": 120},
+            system_prompts={"num_prompts": 8, "prompt_tokens": {"type": "uniform", "low": 64, "high": 512}}),
+            np.random.default_rng(np.random.SeedSequence(2)))
+        assert wl.content is not None
+
+    def routed(mode):
+        def make(src):
+            return Engine(prompt_tokens=wl.prompt_tokens, output_tokens=wl.output_tokens, arrivals=src,
+                          step_time=realistic_step_model(), kv_blocks_total=3_000, block_size=BLOCK,
+                          max_num_seqs=8, max_num_batched_tokens=2048, mode=mode)
+
+        dep = Deployment(wl, make, 3, "prefix_aware", routing(wl))
+        dep.env.run()
+        return dep
+
+    run_dep, step_dep = routed("run"), routed("step")
+    assert (run_dep.assignment >= 0).all() and len(np.unique(run_dep.assignment)) == 3
+    assert np.array_equal(run_dep.assignment, step_dep.assignment)
+    a, b = run_dep.output().requests, step_dep.output().requests
+    for name in ("first_token_s", "finish_s", "preemptions"):
+        assert np.array_equal(getattr(a, name), getattr(b, name)), name
+    assert run_dep.router_summary() == step_dep.router_summary()
+    assert run_dep.router_summary()["prefix_matched_blocks"] > 0
