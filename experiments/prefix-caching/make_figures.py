@@ -110,8 +110,8 @@ def mooncake(jobs: int, plt) -> None:
         line, = ax.plot(frame["rate_scale"], frame["ttft_s.p99"], marker="o", label=f"p99, {label}")
         ax.plot(frame["rate_scale"], frame["ttft_s.p50"], marker=".", ls="--", color=line.get_color(),
                 label=f"p50, {variant.replace('_', ' ')}")
-    ax.set(xlabel="rate scale (x the trace's 3.0 req/s)", ylabel="TTFT (s)", yscale="log",
-           title="Mooncake conversation trace (1,000 requests), Llama-3.1-8B, 1 x H100")
+    ax.set(xlabel="rate scale (x the trace's 3.0 req/s)", ylabel="TTFT (s)", yscale="log")
+    ax.set_title("Mooncake conversation trace (1,000 requests), Llama-3.1-8B, 1 x H100", fontsize=9)
     ax.legend(fontsize=7)
     save(fig, table.assign(capacity_req_s=table["variant"].map(caps)), "mooncake-ttft")
 
