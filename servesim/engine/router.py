@@ -50,7 +50,7 @@ class PrefixAwareRouting:
     """Settings and inputs of the ``prefix_aware`` router (llm-d's inference scheduler, approximate mode).
 
     For each request the router scores every replica ``j`` and picks the highest score (ties: the lowest
-    index)::
+    index, deterministic, where llm-d's picker may break ties otherwise)::
 
         score_j = prefix_cache_scorer_weight   * matched_j / total
                 + queue_scorer_weight          * (q_max - q_j) / (q_max - q_min)
@@ -111,8 +111,9 @@ class PrefixAwareRouting:
 class ApproxPrefixIndex:
     """The router's own index of the prompt blocks it has sent to each replica, LRU-bounded per replica.
 
-    As llm-d's approximate prefix-cache index (gateway-api-inference-extension's prefix plugin indexer):
-    after a request is routed to replica ``j``, each of its prompt block hashes is recorded for ``j`` in
+    As llm-d's approximate prefix-cache index ("per-pod LRU plus a reverse map from block hash to pods",
+    llm-d router docs; gateway-api-inference-extension's prefix plugin indexer; the reverse map is only a
+    faster lookup and is left out here): after a request is routed to replica ``j``, each of its prompt block hashes is recorded for ``j`` in
     order, first block first; a hash ``j`` already holds becomes its most recently used, a new one is added
     after evicting ``j``'s least recently used hashes while it holds ``capacity`` of them. Replicas' entries
     are independent (one LRU per replica).
