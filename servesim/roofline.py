@@ -40,9 +40,32 @@ card (see ``hardware/README.md``):
 * ``per_request_s`` (t_req) and ``step_overhead_s`` (t_step): CPU work per scheduled request and per step,
   fitted to batch-1 and small-batch decode measurements (``experiments/calibration/``).
 
-``W_lin(T)`` is the bytes of the transformer layers' matrices read by a pass over ``T`` tokens (MoE: the
-experts touched, ``min(T * top_k, E)``); embedding lookups read ``T`` rows only and are neglected; ``W_lm =
-V x D`` bytes of the lm_head. ``ctx_i`` is the number of tokens request ``i`` attends over (its computed
+``W_lin(T)`` is the bytes of the transformer layers' matrices read by a pass over ``T`` tokens; embedding
+lookups read ``T`` rows only and are neglected; ``W_lm = V x D`` bytes of the lm_head.
+
+MoE models. The routed experts are not in ``G(W_lin, ...)`` (which keeps attention, dense and shared MLPs
+and the router, with one router GEMM launch per MoE layer): they run in fused MoE kernels,
+:func:`moe_time_s`::
+
+        + smooth_max(n(T) W_e / (eta_moe BW), F_e T / (eta_c P), p)     experts touched, their FLOPs
+        + L_moe (t_moe_layer + n(T) t_moe_expert)                        routing, sort, reduction; per expert
+
+with ``n(T) = E (1 - (1 - k/E)^T)`` the expected number of distinct experts ``T`` tokens touch per MoE
+layer under uniform routing (:func:`expert_coverage`), ``W_e`` the bytes of one expert over the ``L_moe``
+MoE layers, ``F_e`` the routed FLOPs per token, and the card's ``moe_bandwidth_efficiency``,
+``moe_layer_overhead_s`` and ``moe_expert_overhead_s``, fitted for the H100 class to vLLM's fused-MoE kernel
+times (``docs/reference/moe-kernels/``, ``experiments/calibration/fit_moe_kernels.py``).
+
+Sliding-window layers (gpt-oss: 18 of 36 layers, ``W`` = 128 tokens). Each new token attends ``min(position
++ 1, W)`` keys and each request reads ``min(ctx, W)`` tokens of those layers' KV; servesim takes the bound
+``W`` (exact once a request's context reaches ``W``, i.e. every decode step after a prompt of ``W`` tokens)::
+
+        + T * W * F_pair_sliding / (eta_c P)                              per scheduled token
+        + R * W * KV_bytes_per_token_sliding / (eta_kv BW)                per scheduled request
+
+so both stay constant over a run of identical decode steps (the per-request term is folded into the
+integer ``request_ps_per_request``) and the closed forms of run mode stay exact; ``min(ctx, W)`` itself is
+not linear in the context and is therefore not used. ``ctx_i`` is the number of tokens request ``i`` attends over (its computed
 tokens plus the new ones), read once per request per step also when it verifies ``1 + k`` tokens;
 ``pairs_i = q c + q (q + 1) / 2`` causal (query, key) pairs for ``q`` new tokens after ``c`` computed;
 ``n_logits`` the positions whose logits are computed (one per sampling request, ``1 + k`` when verifying).
