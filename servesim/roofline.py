@@ -40,9 +40,32 @@ card (see ``hardware/README.md``):
 * ``per_request_s`` (t_req) and ``step_overhead_s`` (t_step): CPU work per scheduled request and per step,
   fitted to batch-1 and small-batch decode measurements (``experiments/calibration/``).
 
-``W_lin(T)`` is the bytes of the transformer layers' matrices read by a pass over ``T`` tokens (MoE: the
-experts touched, ``min(T * top_k, E)``); embedding lookups read ``T`` rows only and are neglected; ``W_lm =
-V x D`` bytes of the lm_head. ``ctx_i`` is the number of tokens request ``i`` attends over (its computed
+``W_lin(T)`` is the bytes of the transformer layers' matrices read by a pass over ``T`` tokens; embedding
+lookups read ``T`` rows only and are neglected; ``W_lm = V x D`` bytes of the lm_head.
+
+MoE models. The routed experts are not in ``G(W_lin, ...)`` (which keeps attention, dense and shared MLPs
+and the router, with one router GEMM launch per MoE layer): they run in fused MoE kernels,
+:func:`moe_time_s`::
+
+        + smooth_max(n(T) W_e / (eta_moe BW), F_e T / (eta_c P), p)     experts touched, their FLOPs
+        + L_moe (t_moe_layer + n(T) t_moe_expert)                        routing, sort, reduction; per expert
+
+with ``n(T) = E (1 - (1 - k/E)^T)`` the expected number of distinct experts ``T`` tokens touch per MoE
+layer under uniform routing (:func:`expert_coverage`), ``W_e`` the bytes of one expert over the ``L_moe``
+MoE layers, ``F_e`` the routed FLOPs per token, and the card's ``moe_bandwidth_efficiency``,
+``moe_layer_overhead_s`` and ``moe_expert_overhead_s``, fitted for the H100 class to vLLM's fused-MoE kernel
+times (``docs/reference/moe-kernels/``, ``experiments/calibration/fit_moe_kernels.py``).
+
+Sliding-window layers (gpt-oss: 18 of 36 layers, ``W`` = 128 tokens). Each new token attends ``min(position
++ 1, W)`` keys and each request reads ``min(ctx, W)`` tokens of those layers' KV; servesim takes the bound
+``W`` (exact once a request's context reaches ``W``, i.e. every decode step after a prompt of ``W`` tokens)::
+
+        + T * W * F_pair_sliding / (eta_c P)                              per scheduled token
+        + R * W * KV_bytes_per_token_sliding / (eta_kv BW)                per scheduled request
+
+so both stay constant over a run of identical decode steps (the per-request term is folded into the
+integer ``request_ps_per_request``) and the closed forms of run mode stay exact; ``min(ctx, W)`` itself is
+not linear in the context and is therefore not used. ``ctx_i`` is the number of tokens request ``i`` attends over (its computed
 tokens plus the new ones), read once per request per step also when it verifies ``1 + k`` tokens;
 ``pairs_i = q c + q (q + 1) / 2`` causal (query, key) pairs for ``q`` new tokens after ``c`` computed;
 ``n_logits`` the positions whose logits are computed (one per sampling request, ``1 + k`` when verifying).
@@ -107,6 +130,54 @@ def gemm_time_s(hardware, weight_bytes: float, flops: float, num_gemms: float, p
     memory = weight_bytes / (hardware.bandwidth_efficiency * hardware.memory_bandwidth_bytes_per_s)
     compute = flops / (hardware.compute_efficiency * peak_flops_per_s)
     return smooth_max(memory, compute, hardware.gemm_transition_exponent) + num_gemms * hardware.gemm_launch_s
+
+
+def moe_time_s(hardware, expert_bytes: float, flops: float, experts_touched: float, num_moe_layers: int,
+               peak_flops_per_s: float) -> float:
+    """Time (s) of the routed experts' fused MoE kernels of one forward pass on one GPU.
+
+    ``M = smooth_max(W_e / (eta_moe BW), F_e / (eta_c P), p) + L_moe (t_moe_layer + n t_moe_expert)``
+    with the card's ``moe_bandwidth_efficiency`` (eta_moe; ``bandwidth_efficiency`` when unset),
+    ``compute_efficiency``, ``gemm_transition_exponent``, ``moe_layer_overhead_s`` (t_moe_layer) and
+    ``moe_expert_overhead_s`` (t_moe_expert): the touched experts' weights against the MoE kernel's
+    bandwidth, their FLOPs against the compute line, a fixed cost per MoE layer (routing, sort and
+    alignment, activation, reduction: beyond the two grouped GEMMs' ``gemm_launch_s``, which the step time
+    counts with the layer's other GEMMs) and one per touched expert (each is its own small GEMM). The H100-class values were fitted to vLLM's ``benchmark_moe.py`` kernel times
+    (``docs/reference/moe-kernels/``, ``experiments/calibration/fit_moe_kernels.py``) over 1-128 tokens,
+    the memory-bound range of decode and verify steps.
+
+    Args:
+        hardware: a :class:`servesim.cards.HardwareCard`.
+        expert_bytes: bytes of the touched experts' weights read (per GPU, all MoE layers).
+        flops: FLOPs of the routed experts (per GPU, all MoE layers).
+        experts_touched: distinct experts touched per MoE layer (see :func:`expert_coverage`).
+        num_moe_layers: layers with routed experts (L_moe).
+        peak_flops_per_s: the dense tensor peak for the compute type (FLOP/s).
+    """
+    bw = hardware.resolved_moe_bandwidth_efficiency * hardware.memory_bandwidth_bytes_per_s
+    memory = expert_bytes / bw
+    compute = flops / (hardware.compute_efficiency * peak_flops_per_s)
+    overheads = num_moe_layers * (hardware.moe_layer_overhead_s + experts_touched * hardware.moe_expert_overhead_s)
+    return smooth_max(memory, compute, hardware.gemm_transition_exponent) + overheads
+
+
+def expert_coverage(model, num_tokens: float) -> float:
+    """Distinct routed experts touched per MoE layer by a pass over ``num_tokens`` tokens (0 if dense).
+
+    Each token picks ``k = num_experts_per_tok`` of ``E = num_experts`` experts; with routing independent
+    and uniform across tokens an expert is missed by all ``T`` tokens with probability ``(1 - k/E)^T``, so
+    the expected number touched is ``E (1 - (1 - k/E)^T)`` (the occupancy problem, "balls into bins":
+    Feller, An Introduction to Probability Theory and Its Applications, vol. 1, 3rd ed., 1968, ch. II.11
+    and IV.2). It is below the upper bound ``min(T k, E)`` whenever two tokens share an expert: 28.7 of
+    128 for a batch of 8 gpt-oss tokens (bound 32), 92 for a verify step of 8 x 5 tokens (bound 128).
+    Routing is in fact correlated within a request's consecutive tokens (Liang et al., "Not All Models
+    Suit Expert Offloading: On Local Routing Consistency of Mixture-of-Expert Models", arXiv 2505.16056,
+    2025, measure it for 20 MoE models), which would make verify steps touch fewer experts still; no
+    published coverage measurement for the served models was found, so the uniform expectation is used.
+    vLLM's ``benchmark_moe.py`` draws random router logits, i.e. uniform routing, which is what the MoE
+    kernel fields were fitted with.
+    """
+    return model.num_active_experts(num_tokens, expected=True)
 
 
 def elementwise_time_s(hardware, bytes_moved: float, num_ops: float) -> float:
@@ -319,30 +390,74 @@ def build_step_time_model(
     else:
         ar_fixed = ar_per_token = 0.0
 
-    def linear_bytes(num_tokens, _m=model, _tp=tp, _out=w_outside):
-        return (_m.weight_bytes_read(num_tokens) - _out) / _tp
-
-    def weight_read_s(num_tokens, _lb=linear_bytes, _lm=w_lm, _bw=eff_bw):
-        return (_lb(num_tokens) + _lm) / _bw
-
     p = float(hardware.gemm_transition_exponent)
     launch = float(hardware.gemm_launch_s)
     inv_bw, inv_peak = 1.0 / eff_bw, 1.0 / eff_peak
-    fixed = ew_fixed + ar_fixed + n_gemm * launch
-    per_token = ew_per_token + ar_per_token
-    lm_memory = w_lm * inv_bw
-
-    def context_free_s(num_tokens, num_logits):
-        # gemm_time_s and elementwise_time_s with the card's fields read once (the same arithmetic)
-        t = overhead
-        if num_tokens:
-            t += smooth_max(linear_bytes(num_tokens) * inv_bw, f_lin * num_tokens * inv_peak, p)
-            t += fixed + per_token * num_tokens
-        if num_logits and (w_lm or f_lm):
-            t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
-        return t
-
     kv_bw = float(hardware.attention_bandwidth_efficiency) * bw
+    per_token = ew_per_token + ar_per_token
+    sliding_per_request = 0.0
+    if not model.is_explicit and model.sliding_window_layers:
+        # sliding-window layers: each new token attends min(position + 1, W) keys and a request's step reads
+        # min(ctx, W) tokens of their KV; W is the bound (exact once ctx >= W, i.e. every decode step after
+        # a prompt of W tokens), which keeps both terms constant over a run of identical decode steps
+        window = float(model.sliding_window)
+        per_token += window * float(model.attention_flops_per_pair_sliding) / tp * inv_peak
+        sliding_per_request = window * float(model.kv_bytes_per_token_sliding) / tp / kv_bw
+    lm_memory = w_lm * inv_bw
+    moe = model.is_moe and not model.is_explicit
+
+    if not moe:
+        def linear_bytes(num_tokens, _m=model, _tp=tp, _out=w_outside):
+            return (_m.weight_bytes_read(num_tokens) - _out) / _tp
+
+        def weight_read_s(num_tokens, _lb=linear_bytes, _lm=w_lm, _bw=eff_bw):
+            return (_lb(num_tokens) + _lm) / _bw
+
+        fixed = ew_fixed + ar_fixed + n_gemm * launch
+
+        def context_free_s(num_tokens, num_logits):
+            # gemm_time_s and elementwise_time_s with the card's fields read once (the same arithmetic)
+            t = overhead
+            if num_tokens:
+                t += smooth_max(linear_bytes(num_tokens) * inv_bw, f_lin * num_tokens * inv_peak, p)
+                t += fixed + per_token * num_tokens
+            if num_logits and (w_lm or f_lm):
+                t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
+            return t
+    else:
+        # MoE: the routed experts run in fused MoE kernels (moe_time_s) over the experts the pass touches
+        # (expert_coverage); the rest (attention, dense and shared MLPs, router) are GEMMs as above
+        pc = model.param_counts
+        num_experts, moe_layers = float(model.num_experts), int(model.num_moe_layers)
+        f_experts = 2.0 * pc.routed_experts_matmul * model.num_experts_per_tok / num_experts / tp
+        f_dense = f_lin - f_experts
+        dense_bytes = (float(model.non_expert_weight_bytes) - w_outside) / tp
+        bytes_per_expert = float(model.routed_expert_weight_bytes) / num_experts / tp  # one expert, all MoE layers
+        inv_moe_bw = 1.0 / (float(hardware.resolved_moe_bandwidth_efficiency) * bw)
+        moe_layer = moe_layers * float(hardware.moe_layer_overhead_s)
+        moe_expert = moe_layers * float(hardware.moe_expert_overhead_s)
+        # GEMM launches: GEMMS_PER_LAYER counts the fused MoE kernel's two grouped GEMMs per layer; each MoE
+        # layer adds its router GEMM and, when it has shared experts, their two GEMMs
+        moe_gemms = moe_layers * (1 + (2 if model.num_shared_experts else 0))
+        fixed = ew_fixed + ar_fixed + (n_gemm + moe_gemms) * launch
+
+        def weight_read_s(num_tokens, _m=model, _lm=w_lm):
+            experts = bytes_per_expert * expert_coverage(_m, num_tokens)
+            return (dense_bytes + _lm) * inv_bw + experts * inv_moe_bw
+
+        def context_free_s(num_tokens, num_logits, _m=model):
+            # moe_time_s with the card's fields read once (the same arithmetic)
+            t = overhead
+            if num_tokens:
+                touched = expert_coverage(_m, num_tokens)
+                t += smooth_max(dense_bytes * inv_bw, f_dense * num_tokens * inv_peak, p)
+                t += smooth_max(bytes_per_expert * touched * inv_moe_bw, f_experts * num_tokens * inv_peak, p)
+                t += moe_layer + moe_expert * touched
+                t += fixed + per_token * num_tokens
+            if num_logits and (w_lm or f_lm):
+                t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
+            return t
+
     kv_exact = float(model.kv_bytes_per_token) / tp / kv_bw * PS_PER_S
     attn_exact = float(model.attention_flops_per_pair) / tp / eff_peak * PS_PER_S
     kv_ps = max(1, round(kv_exact)) if kv_exact > 0 else 0
@@ -356,6 +471,6 @@ def build_step_time_model(
         weight_read_s=weight_read_s,
         kv_ps_per_token=kv_ps,
         attn_ps_per_pair=attn_ps,
-        request_ps_per_request=round(per_request * PS_PER_S),
+        request_ps_per_request=round((per_request + sliding_per_request) * PS_PER_S),
         coefficient_rounding_error=max(errors, default=0.0),
     )

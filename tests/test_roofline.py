@@ -77,10 +77,13 @@ def test_moe_reads_only_touched_experts():
     hw, m = load_hardware("h100-sxm"), load_model("mixtral-8x7b")
     model = build_step_time_model(hw, m, 2, "calibrated")
     assert model.weight_read_s(1) < model.weight_read_s(4) <= model.weight_read_s(1000)
-    # all experts touched: every weight but the input embedding (a lookup of T rows), at the GEMM bandwidth
+    # all experts touched: every weight but the input embedding (a lookup of T rows); the routed experts at the
+    # fused MoE kernel's bandwidth, the rest at the GEMM bandwidth
     emb = m.param_counts.input_embedding * 2.0
+    dense = m.weight_bytes - emb - m.routed_expert_weight_bytes
     assert model.weight_read_s(1000) == pytest.approx(
-        (m.weight_bytes - emb) / 2 / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency))
+        dense / 2 / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency)
+        + m.routed_expert_weight_bytes / 2 / (hw.memory_bandwidth_bytes_per_s * hw.moe_bandwidth_efficiency))
 
 
 @pytest.mark.parametrize("tp", [1, 2])

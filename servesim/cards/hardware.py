@@ -125,6 +125,31 @@ class HardwareCard(BaseModel):
         description="Fixed time per non-GEMM kernel in seconds (5 per decoder layer), fitted with "
         "elementwise_bandwidth_efficiency; default: the H100 fit.",
     )
+    moe_bandwidth_efficiency: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="Share of peak memory bandwidth reached reading the routed experts' weights in a fused "
+        "MoE kernel (the memory roof of the expert GEMMs; servesim.roofline.moe_time_s). None: "
+        "bandwidth_efficiency (no MoE kernel measurement for this GPU). H100 class: fitted to vLLM's "
+        "benchmark_moe.py kernel times on an H100 (docs/reference/moe-kernels/, "
+        "experiments/calibration/fit_moe_kernels.py).",
+    )
+    moe_layer_overhead_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Fixed time per MoE layer and step in seconds: the fused MoE kernel's routing (top-k, "
+        "token sort and alignment), activation and reduction kernels, beyond the two grouped GEMMs' "
+        "gemm_launch_s; fitted with moe_bandwidth_efficiency; 0 when no MoE kernel measurement exists for "
+        "this GPU.",
+    )
+    moe_expert_overhead_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="Fixed time per routed expert touched, per MoE layer and step, in seconds: each touched "
+        "expert is its own small GEMM tile group (pipeline ramp-up and tail of a few rows), fitted with "
+        "moe_bandwidth_efficiency; 0 when no MoE kernel measurement exists for this GPU.",
+    )
     sampler_passes_per_logit: float = Field(
         default=4.0,
         ge=0,
@@ -206,3 +231,10 @@ class HardwareCard(BaseModel):
     def effective_memory_bandwidth_bytes_per_s(self) -> float:
         """``memory_bandwidth_bytes_per_s x bandwidth_efficiency`` in bytes/s."""
         return self.memory_bandwidth_bytes_per_s * self.bandwidth_efficiency
+
+    @property
+    def resolved_moe_bandwidth_efficiency(self) -> float:
+        """``moe_bandwidth_efficiency``, or ``bandwidth_efficiency`` when the card gives none."""
+        if self.moe_bandwidth_efficiency is None:
+            return self.bandwidth_efficiency
+        return self.moe_bandwidth_efficiency
