@@ -34,7 +34,7 @@ import simpy
 from simpy.core import URGENT
 from simpy.events import Event
 
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 
 #: Router policies understood by :class:`Router` (vLLM production-stack / llm-d style names).
 ROUTERS: tuple[str, ...] = ("round_robin", "least_outstanding", "shortest_queue")
