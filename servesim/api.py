@@ -11,18 +11,7 @@ import numpy as np
 
 from servesim.config.models import SimConfig
 from servesim.engine.output import EngineOutput
-
-# Child-stream indices of a run's root SeedSequence, one per random component (fixed forever, so that
-# adding a component never changes the streams of the others).
-STREAM_WORKLOAD = 0
-STREAM_ACCEPTANCE = 1
-STREAM_ROUTER = 2
-STREAM_FACTORS = 3
-
-
-def child_seed(root: np.random.SeedSequence, index: int) -> np.random.SeedSequence:
-    """The ``index``-th child stream of ``root``, without mutating ``root`` (unlike ``spawn``)."""
-    return np.random.SeedSequence(entropy=root.entropy, spawn_key=tuple(root.spawn_key) + (index,))
+from servesim.seeding import STREAM_ACCEPTANCE, STREAM_FACTORS, STREAM_ROUTER, STREAM_WORKLOAD, child_seed  # noqa: F401 (re-exported)
 
 
 @dataclass
@@ -59,7 +48,7 @@ class Result:
 
 
 def _as_config(config: Any, base_dir: str | Path | None) -> tuple[SimConfig, Path]:
-    from servesim.config.loading import validate
+    from servesim.input_files import validate
     from servesim.config.models import load_config
 
     if isinstance(config, SimConfig):
@@ -87,7 +76,7 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
     Raises:
         ServesimError: an invalid config, an unreadable trace, or a setup that cannot run (one line).
     """
-    from servesim.setup import build_engine
+    from servesim.wiring import build_engine
 
     cfg, folder = _as_config(config, base_dir)
     if seed is None:

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import simpy
 
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.engine.router import PrefixAwareRouting, ReplicaSource, Router
 from servesim.roofline import PS_PER_S
@@ -99,7 +99,7 @@ class Deployment:
 
     def __init__(self, workload, make_replica: Callable[[ReplicaSource], object], replicas: int, router: str,
                  prefix_aware: PrefixAwareRouting | None = None) -> None:
-        from servesim.setup import arrival_source
+        from servesim.wiring import arrival_source
 
         self.env = simpy.Environment(initial_time=0)
         self.source: ArrivalSource = arrival_source(workload)
@@ -277,9 +277,9 @@ def build_deployment(cfg, folder: Path, root: np.random.SeedSequence):
         resolved settings (``prefix_aware``: weights, block size, block cap, index capacity).
 
     Raises:
-        ConfigError: as :func:`servesim.setup.prepare` and :func:`servesim.setup.make_engine`.
+        ConfigError: as :func:`servesim.wiring.prepare` and :func:`servesim.wiring.make_engine`.
     """
-    from servesim.setup import make_engine, prepare
+    from servesim.wiring import make_engine, prepare
 
     p = prepare(cfg, folder, root)
     dep = cfg.deployment

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import simpy
 
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.roofline import PS_PER_S, StepTimeModel
 

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from servesim.analysis.capacity import CapacitySearch, RateAxis, parse_slo, trace_mean_rate
-from servesim.config.loading import validate
+from servesim.input_files import validate
 from servesim.config.models import SimConfig
 from servesim.errors import ConfigError
 
@@ -192,7 +192,7 @@ class ConstantSimulate(FakeSimulate):
 
 def test_search_is_bounded_when_the_slo_is_always_or_never_met():
     from servesim.analysis.capacity import MAX_RATE_STEPS
-    from servesim.analysis.capacity_command import format_result
+    from servesim.cli.capacity import format_result
 
     search = CapacitySearch(poisson_cfg(2.0), Path("."), [parse_slo("itl_p99=1")], replications=1,
                             simulate=ConstantSimulate(0.5))

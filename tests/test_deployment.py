@@ -16,7 +16,7 @@ from servesim.engine.core import Engine
 from servesim.engine.router import UrgentTimeout
 from servesim.metrics.latencies import request_latencies
 from servesim.metrics.steps import expand_step_durations
-from servesim.setup import arrival_source, build_engine
+from servesim.wiring import arrival_source, build_engine
 from servesim.workload.workload import Workload
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 import simpy
 
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.engine.spec_engine import SpecEngine, SpecSetup
-from servesim.engine.trace import StepTracer
+from servesim.engine.step_trace import StepTracer
 from servesim.speculation.config import SpeculativeConfig
 from servesim.speculation.profile import load_profile
 from servesim.speculation.schedule import KSchedule

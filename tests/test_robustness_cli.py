@@ -25,7 +25,7 @@ SMALL = {**CLI_SMALL, "workload": {**CLI_SMALL["workload"], "num_requests": 40,
 # --- item 11: --speculative-config first, then --set in order -----------------------------------------
 
 def test_speculative_config_json_then_set_in_order(tmp_path):
-    from servesim.commands.run import parse_overrides
+    from servesim.cli.run import parse_overrides
     from servesim.config.models import load_config
 
     cfg_path = write_yaml(tmp_path / "c.yaml", SMALL)
@@ -108,7 +108,7 @@ def test_empty_set_value_is_refused(tmp_path, capsys):
     ("workload.prompt_tokens.low=-3", "workload.prompt_tokens.low"),
 ])
 def test_error_paths_are_keys_a_user_can_type(tmp_path, capsys, override, path):
-    from servesim.commands.run import parse_overrides
+    from servesim.cli.run import parse_overrides
     from servesim.config.models import load_config
 
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)

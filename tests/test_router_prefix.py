@@ -8,10 +8,10 @@ import pytest
 import simpy
 
 from engine_helpers import realistic_step_model
-from servesim.config.loading import validate
+from servesim.input_files import validate
 from servesim.config.models import DeploymentConfig
 from servesim.deployment import Deployment, prefix_aware_routing
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.engine.router import ApproxPrefixIndex, PrefixAwareRouting, Router
 from servesim.errors import ConfigError

@@ -55,7 +55,7 @@ import pytest
 import simpy
 
 from engine_helpers import flat_step_model
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.engine.spec_engine import SpecEngine, SpecSetup
 from servesim.roofline import PS_PER_S
@@ -411,7 +411,7 @@ def test_prefill_chunks_beside_verifying_decoders(mode):
 def test_lookahead_slots_per_method(method, slots):
     """R12. vLLM 0.32 (``VllmConfig.num_lookahead_tokens``): K slots for the EAGLE family (eagle, eagle3,
     mtp) and draft models, none for n-gram, suffix and Medusa."""
-    from servesim.config.loading import validate
+    from servesim.input_files import validate
     from servesim.speculation.config import SpeculativeConfig
 
     data = {"method": method, "num_speculative_tokens": 3, "acceptance": {"alpha": 0.5}}

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from servesim.commands.run import parse_overrides
-from servesim.config.loading import validate
+from servesim.cli.run import parse_overrides
+from servesim.input_files import validate
 from servesim.errors import ConfigError
 from servesim.speculation.config import SpeculativeConfig
 from servesim.speculation.llamacpp import (

@@ -10,7 +10,7 @@ import pytest
 
 from servesim.cli import main
 from servesim.errors import TraceError
-from servesim.speculation.logs import (
+from servesim.acceptance.logs import (
     fit_constant_alpha,
     parse_llamacpp,
     parse_prometheus,

@@ -13,9 +13,9 @@ import pytest
 from servesim import simulate
 from servesim.cli import main
 from servesim.speculation.config import SpeculativeConfig, effective_profile
-from servesim.speculation.formulas import expected_tokens_per_pass
+from servesim.acceptance.formulas import expected_tokens_per_pass
 from servesim.speculation.profile import load_profile
-from servesim.speculation.verify import speculative_greedy_decode
+from servesim.acceptance.verify import speculative_greedy_decode
 
 ROOT = Path(__file__).resolve().parents[1]
 EAGLE = "eagle-llama3.1-8b-sharegpt-k3"

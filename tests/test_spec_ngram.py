@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from servesim.errors import TraceError
-from servesim.speculation import acceptance_command
-from servesim.speculation.ngram import aggregate, propose, simulate_request
+from servesim.cli import acceptance as acceptance_command
+from servesim.acceptance.ngram import aggregate, propose, simulate_request
 from servesim.speculation.profile import load_profile
 
 CODE = "int sum ( int [ ] xs ) { int s = 0 ; for ( int x : xs ) s += x ; return s ; }"

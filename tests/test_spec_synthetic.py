@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from servesim import simulate
-from servesim.config.loading import validate
+from servesim.input_files import validate
 from servesim.errors import ConfigError
 from servesim.speculation.config import MAX_SPEC_LEN, SpeculativeConfig, synthetic_rates_from_length
 

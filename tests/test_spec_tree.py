@@ -13,7 +13,7 @@ from servesim.speculation.tree import (
     tree_acceptance,
     tree_parents,
 )
-from servesim.speculation.verify import greedy_verify
+from servesim.acceptance.verify import greedy_verify
 
 MASK9 = """\
 0 range  1 . . . . . .

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from servesim.speculation.formulas import (
+from servesim.acceptance.formulas import (
     best_k,
     expected_tokens_per_pass,
     mean_acceptance_length,
@@ -13,7 +13,7 @@ from servesim.speculation.formulas import (
     unconditional_from_conditional,
 )
 from servesim.speculation.profile import sample_accepted
-from servesim.speculation.verify import (
+from servesim.acceptance.verify import (
     greedy_decode,
     greedy_verify,
     match_acceptance,

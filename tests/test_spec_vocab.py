@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from servesim.errors import ConfigError
-from servesim.speculation.vocab import Vocab, check_compatible, load_vocab
+from servesim.acceptance.vocab import Vocab, check_compatible, load_vocab
 
 DATA = Path(__file__).parent / "data" / "vocab"
 BASE = ("<s>", "</s>", "<pad>", "<x1>", "<x2>", "def", " add", "(", "a", ",", " b", "):")

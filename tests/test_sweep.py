@@ -14,7 +14,7 @@ import yaml
 
 import servesim
 from servesim.errors import ConfigError
-from servesim.sweep import command
+from servesim.cli import sweep as command
 from servesim.sweep.points import expand_points, point_config, seed_sequence, task_seed
 from servesim.sweep.runner import run_sweep
 from servesim.sweep.spec import load_sweep

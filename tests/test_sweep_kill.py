@@ -65,7 +65,7 @@ def test_killed_sweep_leaves_no_workers(tmp_path, signum):
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
         {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 128, 256, 512]}}))
     log = (tmp_path / "log.txt").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "servesim.cli", "sweep", str(tmp_path / "sweep.yaml"),
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "sweep", str(tmp_path / "sweep.yaml"),
                              "--out", str(tmp_path / "out"), "--jobs", "2", "--no-progress"],
                             stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
     parent = psutil.Process(proc.pid)

@@ -17,7 +17,7 @@ from servesim.analysis.tune_k import (
     tuned_spec,
     vllm_speculative_config,
 )
-from servesim.config.loading import validate
+from servesim.input_files import validate
 from servesim.config.models import SimConfig
 from servesim.speculation.config import SpeculativeConfig
 from servesim.speculation.schedule import KSchedule, validate_schedule

@@ -172,8 +172,8 @@ def test_failed_validate_rerun_removes_the_earlier_tables(tmp_path, capsys):
 
 @pytest.mark.parametrize("command", ["capacity", "tune-k"])
 def test_interrupted_while_writing_leaves_no_partial_tables(tmp_path, monkeypatch, capsys, command):
-    import servesim.analysis.capacity_command as capacity_command
-    import servesim.analysis.tune_k_command as tune_k_command
+    import servesim.cli.capacity as capacity_command
+    import servesim.cli.tune_k as tune_k_command
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import yaml
 
-from servesim.config.loading import validate
+from servesim.input_files import validate
 from servesim.config.models import SimConfig
 from servesim.errors import ConfigError
-from servesim.setup import build_engine, resolve_async_scheduling
+from servesim.wiring import build_engine, resolve_async_scheduling
 from servesim.speculation.config import SpeculativeConfig
 
 ROOT = Path(__file__).resolve().parents[1]

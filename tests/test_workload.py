@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from servesim.config.loading import validate
+from servesim.input_files import validate
 from servesim.errors import ConfigError, TraceError
 from servesim.workload import (
     EmpiricalLengthConfig,

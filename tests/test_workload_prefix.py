@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from servesim.config.loading import validate
+from servesim.input_files import validate
 from servesim.errors import ConfigError, TraceError
 from servesim.workload import SequenceContent, build_workload, load_trace, zipf_popularity
 from servesim.workload.build import WorkloadFile

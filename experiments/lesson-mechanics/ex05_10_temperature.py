@@ -1,7 +1,7 @@
 """Seed lesson Examples 5/10 in the engine: EAGLE at batch 1 with temperature T = 0, 0.5, 1.0, ratio vs match.
 
 Run:   .venv/bin/python experiments/lesson-mechanics/ex05_10_temperature.py
-Applies servesim.speculation.config.effective_profile itself (what servesim/setup.py does once wired) and
+Applies servesim.speculation.config.effective_profile itself (what servesim/wiring.py does once wired) and
 passes the converted profile as ``acceptance`` with ``temperature: 0``, so it gives the same numbers before
 and after the wiring. Prints a Markdown table.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from servesim import simulate
-from servesim.config.loading import load_yaml
+from servesim.input_files import load_yaml
 from servesim.speculation.config import SpeculativeConfig, effective_profile
 from servesim.speculation.profile import load_profile
 

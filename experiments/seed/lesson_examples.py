@@ -2,7 +2,7 @@
 
 Question: does servesim reproduce the lesson's numbers for expected tokens per target pass (Example 3),
 the speedup and best draft length including the draft cost (Example 4), and the draft-head comparison
-(Example 8)? The closed forms come from ``servesim.speculation.formulas``; the "simulated" columns come
+(Example 8)? The closed forms come from ``servesim.acceptance.formulas``; the "simulated" columns come
 from closed-loop runs of the engine (batch 1, the lesson's ideal roofline) and vLLM's spec-decode counters.
 
     python experiments/seed/lesson_examples.py
@@ -13,7 +13,7 @@ Example 12 is a sweep: ``servesim sweep experiments/seed/example12.yaml --out ou
 from __future__ import annotations
 
 from servesim import simulate
-from servesim.speculation.formulas import best_k, expected_tokens_per_pass, speedup
+from servesim.acceptance.formulas import best_k, expected_tokens_per_pass, speedup
 
 
 def engine_mean_length(acceptance, k: int, rounds: int = 100_000) -> float:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +59,12 @@ class BenchCase(BaseModel):
     notes: str = ""
 
 
-def _number(obj: dict, key: str, where: str, *, allow_inf: bool = False) -> float | None:
+def result_number(obj: dict, key: str, where: str, *, allow_inf: bool = False) -> float | None:
+    """The number >= 0 at ``obj[key]`` of a bench result (None when absent; ``"inf"`` allowed with ``allow_inf``).
+
+    Raises:
+        ConfigError: the value is not a number >= 0 (names ``where`` and ``key``).
+    """
     value = obj.get(key)
     if value is None:
         return None
@@ -77,7 +81,7 @@ def read_bench_result(path: Path) -> dict:
     Raises:
         ConfigError: missing file, invalid JSON, or not an object with ``completed`` > 0.
     """
-    from servesim.config.loading import read_text
+    from servesim.input_files import read_text
 
     text = read_text(path)
     try:
@@ -92,7 +96,7 @@ def read_bench_result(path: Path) -> dict:
         data = data[0]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a `vllm bench serve --save-result` result object")
-    completed = _number(data, "completed", str(path))
+    completed = result_number(data, "completed", str(path))
     if not completed:
         raise ConfigError(f"{path}: completed: expected a positive number of requests")
     return data
@@ -107,13 +111,13 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
     Raises:
         ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals).
     """
-    n = int(_number(result, "completed", where) or 0)
+    n = int(result_number(result, "completed", where) or 0)
     ins, outs = result.get("input_lens"), result.get("output_lens")
     if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) and ins:
         pairs = [(max(int(i), 1), max(int(o), 1)) for i, o in zip(ins, outs)]
         how = f"{len(pairs)} (input, output) pairs of the result"
     else:
-        total_in, total_out = _number(result, "total_input_tokens", where), _number(result, "total_output_tokens", where)
+        total_in, total_out = result_number(result, "total_input_tokens", where), result_number(result, "total_output_tokens", where)
         if total_in is None or total_out is None:
             raise ConfigError(f"{where}: expected input_lens/output_lens (--save-detailed) or "
                               "total_input_tokens and total_output_tokens")
@@ -124,9 +128,9 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
     rows += [f"2024-01-01 00:00:00.0000000,{i},{o}" for i, o in pairs]
     trace.write_text("\n".join(rows) + "\n", encoding="utf-8")
     lengths = {"type": "empirical", "path": str(trace), "format": "azure"}
-    conc = _number(result, "max_concurrency", where)
-    rate = _number(result, "request_rate", where, allow_inf=True)
-    burst = _number(result, "burstiness", where) or 1.0
+    conc = result_number(result, "max_concurrency", where)
+    rate = result_number(result, "request_rate", where, allow_inf=True)
+    burst = result_number(result, "burstiness", where) or 1.0
     if conc:
         return ({"type": "closed_loop", "concurrency": int(conc), "num_requests": n, "lengths": lengths},
                 f"{how}, resampled by {int(conc)} closed-loop clients")
@@ -137,49 +141,3 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
         return ({"type": "gamma", "rate": rate, "cv": 1.0 / math.sqrt(burst), "num_requests": n,
                  "lengths": lengths}, f"{how}, resampled, gamma arrivals at {rate:g} req/s (burstiness {burst:g})")
     return {"type": "trace", "path": str(trace), "format": "azure"}, f"{how}, all sent at once"
-
-
-def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
-    """Simulate the server on the replayed requests; one :class:`~servesim.analysis.validation.CaseResult`
-    per metric of :data:`METRICS` the result holds.
-
-    Raises:
-        ConfigError: unreadable result or server config, or an invalid setting (one line).
-    """
-    from servesim.analysis.validation import CaseResult, relative_error, summary_value
-    from servesim.api import simulate
-    from servesim.config.loading import load_yaml, validate
-    from servesim.config.models import SimConfig
-
-    base = case_file.resolve().parent
-    result_path = Path(case.bench_result)
-    if not result_path.is_absolute():
-        result_path = base / result_path
-    result = read_bench_result(result_path)
-    server = case.config
-    folder = base
-    if isinstance(server, str):
-        path = Path(server) if Path(server).is_absolute() else base / server
-        server = load_yaml(path)
-        if not isinstance(server, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
-        folder = path.resolve().parent
-    with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:
-        workload, how = replay_workload(result, str(result_path), Path(tmp))
-        data = {**server, "workload": workload}
-        cfg = validate(SimConfig, data, f"{where}.config")
-        summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
-    out = []
-    for key, sim_key, unit, factor in METRICS:
-        value = _number(result, key, str(result_path))
-        if not value:
-            continue
-        measured = value * factor
-        simulated = summary_value(summary, sim_key, f"{where}")
-        rel = relative_error(simulated, measured, measured)
-        out.append(CaseResult(
-            name=f"{case.name}-{sim_key.split('.')[0]}", source=case.source, metric=sim_key, unit=unit,
-            measured_low=measured, measured_high=measured, simulated=simulated, relative_error=rel,
-            tolerance=case.tolerance, within=abs(rel) <= case.tolerance + 1e-12, detail=how,
-            notes=case.notes.strip(), role="prediction"))
-    return out

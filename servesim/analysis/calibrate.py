@@ -58,7 +58,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from servesim.cards import HardwareCard, ModelCard
-from servesim.config.loading import read_text
+from servesim.input_files import read_text
 from servesim.errors import ConfigError
 from servesim.roofline import build_step_time_model, compute_dtype
 

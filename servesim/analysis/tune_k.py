@@ -30,7 +30,7 @@ Procedure (all batch sizes in requests, throughputs in output tokens/s, times in
    the grid's runs: same configs, same seeds).
 
 Seeds: one root ``SeedSequence(config.seed)``; replication ``r`` of every point uses its child ``r``
-(:func:`servesim.api.child_seed`), the same at every point: common random numbers, so different ``k`` at
+(:func:`servesim.seeding.child_seed`), the same at every point: common random numbers, so different ``k`` at
 one ``b`` see the same request lengths and the same acceptance uniforms.
 
 Note (vLLM semantics, kept by the engine): for EAGLE-family methods, MTP and draft models vLLM reserves
@@ -431,9 +431,9 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
         ConfigError: no ``speculative_config``, bad ``k_max``/``replications``/``requests_per_client``/
             batch sizes (one line). ServesimError: a run that cannot be set up.
     """
-    from servesim.api import child_seed
+    from servesim.seeding import child_seed
     from servesim.speculation.config import SpeculativeConfig
-    from servesim.config.loading import validate
+    from servesim.input_files import validate
 
     if cfg.speculative_config is None:
         raise ConfigError("speculative_config: tune-k needs a config with a speculative_config (method, acceptance)")

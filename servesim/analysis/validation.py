@@ -1,6 +1,6 @@
 """Validation cases: servesim's predictions against published measurements.
 
-A case file (YAML, read with :func:`servesim.config.loading.load_yaml`) holds ``cases:``, a list of
+A case file (YAML, read with :func:`servesim.input_files.load_yaml`) holds ``cases:``, a list of
 :class:`ValidationCase` mappings::
 
     cases:
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import csv
 import math
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -204,7 +205,7 @@ def load_case_file(path: str | Path) -> list[LoadedCase]:
     Raises:
         ConfigError: unreadable file, invalid YAML, or an invalid field (one line naming file and field).
     """
-    from servesim.config.loading import load_yaml, validate
+    from servesim.input_files import load_yaml, validate
 
     p = Path(path)
     data = load_yaml(p)
@@ -258,7 +259,7 @@ def load_cases(paths: list[str | Path] | None = None, *, fast_only: bool = False
 
 
 def _base_config(lc: LoadedCase) -> tuple[dict[str, Any], Path]:
-    from servesim.config.loading import load_yaml
+    from servesim.input_files import load_yaml
 
     cfg = lc.case.config
     if isinstance(cfg, str):
@@ -282,7 +283,7 @@ def _with_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str
 
 def _simulate(data: dict[str, Any], folder: Path, lc: LoadedCase, what: str) -> dict:
     from servesim.api import simulate
-    from servesim.config.loading import validate
+    from servesim.input_files import validate
     from servesim.config.models import SimConfig
 
     cfg = validate(SimConfig, data, f"{lc.where}.{what}")
@@ -377,9 +378,54 @@ def run_case(lc: LoadedCase) -> CaseResult:
     )
 
 
+def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
+    """Simulate the server on the replayed requests; one :class:`CaseResult`
+    per metric of :data:`servesim.analysis.bench_replay.METRICS` the result holds.
+
+    Raises:
+        ConfigError: unreadable result or server config, or an invalid setting (one line).
+    """
+    from servesim.analysis.bench_replay import METRICS, read_bench_result, result_number, replay_workload
+    from servesim.api import simulate
+    from servesim.input_files import load_yaml, validate
+    from servesim.config.models import SimConfig
+
+    base = case_file.resolve().parent
+    result_path = Path(case.bench_result)
+    if not result_path.is_absolute():
+        result_path = base / result_path
+    result = read_bench_result(result_path)
+    server = case.config
+    folder = base
+    if isinstance(server, str):
+        path = Path(server) if Path(server).is_absolute() else base / server
+        server = load_yaml(path)
+        if not isinstance(server, dict):
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+        folder = path.resolve().parent
+    with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:
+        workload, how = replay_workload(result, str(result_path), Path(tmp))
+        data = {**server, "workload": workload}
+        cfg = validate(SimConfig, data, f"{where}.config")
+        summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
+    out = []
+    for key, sim_key, unit, factor in METRICS:
+        value = result_number(result, key, str(result_path))
+        if not value:
+            continue
+        measured = value * factor
+        simulated = summary_value(summary, sim_key, f"{where}")
+        rel = relative_error(simulated, measured, measured)
+        out.append(CaseResult(
+            name=f"{case.name}-{sim_key.split('.')[0]}", source=case.source, metric=sim_key, unit=unit,
+            measured_low=measured, measured_high=measured, simulated=simulated, relative_error=rel,
+            tolerance=case.tolerance, within=abs(rel) <= case.tolerance + 1e-12, detail=how,
+            notes=case.notes.strip(), role="prediction"))
+    return out
+
+
 def run_cases(cases: list[LoadedCase], progress: Any = None) -> list[CaseResult]:
     """Run every case in order; ``progress(name)`` (if given) is called before each one."""
-    from servesim.analysis.bench_replay import run_bench_case
 
     results = []
     for lc in cases:

@@ -45,7 +45,7 @@ class HardwareCard(BaseModel):
 
     Raises (on validation):
         pydantic.ValidationError: a missing or out-of-range field (wrapped into a one-line ``ConfigError``
-        by :func:`servesim.config.loading.validate`).
+        by :func:`servesim.input_files.validate`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)

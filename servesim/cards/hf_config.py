@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.cards.model import ModelCard
-from servesim.config.loading import validate
+from servesim.input_files import validate
 from servesim.errors import ConfigError
 
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
@@ -30,7 +30,7 @@ def load_json(path: Path) -> Any:
     Raises:
         ConfigError: missing, unreadable or invalid JSON (one line with the line and column).
     """
-    from servesim.config.loading import load_json
+    from servesim.input_files import load_json
 
     return load_json(path)
 

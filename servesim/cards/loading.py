@@ -23,7 +23,7 @@ from pydantic import BaseModel
 from servesim.cards.hardware import HardwareCard
 from servesim.cards.hf_config import load_hf_config, load_json
 from servesim.cards.model import ModelCard
-from servesim.config.loading import load_yaml, validate
+from servesim.input_files import load_yaml, validate
 from servesim.errors import ConfigError
 
 CardSpec = str | os.PathLike[str] | Mapping[str, Any]

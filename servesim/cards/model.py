@@ -67,7 +67,7 @@ class ModelCard(BaseModel):
 
     Raises (on validation):
         pydantic.ValidationError: a missing, contradictory or out-of-range field (wrapped into a one-line
-        ``ConfigError`` by :func:`servesim.config.loading.validate`).
+        ``ConfigError`` by :func:`servesim.input_files.validate`).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)

@@ -219,7 +219,7 @@ def load_config(
     Raises:
         ConfigError: unreadable file, invalid YAML, or a field that fails validation (one line).
     """
-    from servesim.config.loading import load_yaml, validate
+    from servesim.input_files import load_yaml, validate
     from servesim.config.overrides import set_dotted
 
     p = Path(path)

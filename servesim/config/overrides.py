@@ -21,7 +21,7 @@ from typing import Any
 
 import yaml
 
-from servesim.config.loading import safe_load_strict
+from servesim.input_files import safe_load_strict
 from servesim.errors import ConfigError
 
 _PART = re.compile(r"[A-Za-z0-9_\-]+")

@@ -43,7 +43,7 @@ from collections import deque
 
 import numpy as np
 
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, StepTimeModel
@@ -120,7 +120,7 @@ class Engine:
         # the token budget per scheduled request for drafting, and the prefill lookahead of multi-layer MTP
         self.draft_slots = 0
         self.prefill_lookahead = 0
-        self.tracer = None  # a servesim.engine.trace.StepTracer records every step when set
+        self.tracer = None  # a servesim.engine.step_trace.StepTracer records every step when set
         self.async_sched = bool(async_scheduling)
         # async scheduling: requests that finished in the previous step -> whether vLLM knew they would
         # (then it skips them; otherwise it schedules them once more and discards that output)

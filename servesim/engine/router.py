@@ -38,7 +38,7 @@ import simpy
 from simpy.core import URGENT
 from simpy.events import Event
 
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.workload.content import BlockHashes
 
 #: Router policies understood by :class:`Router` (vLLM production-stack / llm-d style names).

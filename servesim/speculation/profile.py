@@ -50,7 +50,7 @@ from typing import Annotated, Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servesim.config.loading import load_yaml, validate
+from servesim.input_files import load_yaml, validate
 from servesim.errors import ConfigError
 
 __all__ = [

@@ -180,7 +180,7 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
     """
     from tqdm import tqdm
 
-    from servesim.config.loading import validate
+    from servesim.input_files import validate
     from servesim.config.models import SimConfig
 
     points = iter_points(loaded)
@@ -246,7 +246,7 @@ def run_sweep(
             ``servesim.simulate``); it must be picklable (a module-level function) for process and Dask
             executors.
         max_runs: refuse a sweep of more runs than this (None: no limit; the CLI's ``--yes`` lifts its
-            limit :data:`servesim.sweep.command.MAX_RUNS_WITHOUT_YES`).
+            limit :data:`servesim.cli.sweep.MAX_RUNS_WITHOUT_YES`).
 
     Returns:
         a :class:`SweepResult`; its ``exit_status`` is 1 when any run failed.

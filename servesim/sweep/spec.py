@@ -28,7 +28,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from servesim.config.loading import load_yaml, validate
+from servesim.input_files import load_yaml, validate
 from servesim.config.overrides import split_key
 from servesim.errors import ConfigError
 

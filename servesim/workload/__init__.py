@@ -18,7 +18,7 @@ Public API::
 
 from __future__ import annotations
 
-from servesim.workload.arrivals import gamma_arrivals, poisson_arrivals, renewal_arrivals
+from servesim.workload.arrival_processes import gamma_arrivals, poisson_arrivals, renewal_arrivals
 from servesim.workload.build import build_workload, load_workload, load_workload_config
 from servesim.workload.config import (
     ClosedLoopWorkloadConfig,

@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 from pydantic import RootModel
 
-from servesim.config.loading import load_yaml, validate
-from servesim.workload.arrivals import gamma_arrivals, poisson_arrivals
+from servesim.input_files import load_yaml, validate
+from servesim.workload.arrival_processes import gamma_arrivals, poisson_arrivals
 from servesim.workload.config import (
     ClosedLoopWorkloadConfig,
     GammaWorkloadConfig,

@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.workload.arrivals import gamma_arrivals, poisson_arrivals
+from servesim.workload.arrival_processes import gamma_arrivals, poisson_arrivals
 from servesim.workload.content import NAMESPACE_MESSAGE, NAMESPACE_OUTPUT, SequenceContent, content_id
 from servesim.workload.system_prompts import draw_system_prompts, prepend_system_prompts
 from servesim.workload.workload import Sessions, Workload

@@ -54,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slo
     from servesim.atomic import prepare_output_dir, replacing_outputs
-    from servesim.commands.run import parse_overrides
+    from servesim.cli.run import parse_overrides
     from servesim.config.models import load_config
     from servesim.errors import ConfigError
     from servesim.sweep.tables import write_csv

@@ -32,7 +32,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servesim.config.loading import load_yaml, validate
+from servesim.input_files import load_yaml, validate
 from servesim.errors import ConfigError
 
 __all__ = [
@@ -129,7 +129,7 @@ def _read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
-        from servesim.config.loading import not_utf8_message
+        from servesim.input_files import not_utf8_message
 
         raise ConfigError(not_utf8_message(path, exc)) from None
     except FileNotFoundError:

@@ -1,7 +1,7 @@
 """``servesim check-draft TARGET DRAFT``: llama.cpp's draft/target vocabulary compatibility check.
 
 TARGET and DRAFT are ``tokenizer.json`` files, directories holding one (with ``tokenizer_config.json``), or
-YAML vocabulary cards (:class:`servesim.speculation.vocab.VocabCard`). Prints ``compatible`` (exit 0) or
+YAML vocabulary cards (:class:`servesim.acceptance.vocab.VocabCard`). Prints ``compatible`` (exit 0) or
 the first failing rule (exit 1); unreadable inputs are errors (exit 2).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from servesim.errors import ConfigError
-from servesim.speculation.vocab import (
+from servesim.acceptance.vocab import (
     SPEC_VOCAB_CHECK_START_TOKEN_ID,
     SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
     check_compatible,

@@ -1,9 +1,10 @@
 """The ``servesim`` command line: a thin argparse front end over the Python API.
 
-Each sub-command lives in its own module that exposes ``add_arguments(parser)`` and ``run(args) -> int``;
-this file only wires them up, imports the one that is used (start-up time matters: ``servesim run``
-must finish a whole trace in about a second), and turns :class:`~servesim.errors.ServesimError`
-into one line on stderr with exit status 2.
+Every sub-command lives in its own module of this package (``run``, ``sweep``, ``plot``, ``capacity``,
+``tune_k``, ``validate``, ``calibrate``, ``acceptance``, ``check_draft``), each exposing
+``add_arguments(parser)`` and ``run(args) -> int``. This module only wires them up, imports the one that is
+used (start-up time matters: ``servesim run`` must finish a whole trace in about a second), and turns
+:class:`~servesim.errors.ServesimError` into one line on stderr with exit status 2.
 """
 
 from __future__ import annotations
@@ -16,15 +17,15 @@ import threading
 
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "run": ("servesim.commands.run", "simulate one config and write summary.json, requests.csv, steps.csv"),
-    "sweep": ("servesim.sweep.command", "run a grid of configs (resumable) and write summary.csv"),
-    "plot": ("servesim.plots.command", "plot the results of a sweep directory"),
-    "capacity": ("servesim.analysis.capacity_command", "find the highest rate (or fewest replicas) meeting an SLO"),
-    "tune-k": ("servesim.analysis.tune_k_command", "derive num_speculative_tokens_per_batch_size"),
-    "validate": ("servesim.analysis.validate_command", "compare predictions with published measurements"),
-    "calibrate": ("servesim.analysis.calibrate_command", "fit a hardware card to measured step times"),
-    "acceptance": ("servesim.speculation.acceptance_command", "build acceptance profiles from text or logs"),
-    "check-draft": ("servesim.speculation.vocab_command", "check draft/target vocabulary compatibility"),
+    "run": ("servesim.cli.run", "simulate one config and write summary.json, requests.csv, steps.csv"),
+    "sweep": ("servesim.cli.sweep", "run a grid of configs (resumable) and write summary.csv"),
+    "plot": ("servesim.cli.plot", "plot the results of a sweep directory"),
+    "capacity": ("servesim.cli.capacity", "find the highest rate (or fewest replicas) meeting an SLO"),
+    "tune-k": ("servesim.cli.tune_k", "derive num_speculative_tokens_per_batch_size"),
+    "validate": ("servesim.cli.validate", "compare predictions with published measurements"),
+    "calibrate": ("servesim.cli.calibrate", "fit a hardware card to measured step times"),
+    "acceptance": ("servesim.cli.acceptance", "build acceptance profiles from text or logs"),
+    "check-draft": ("servesim.cli.check_draft", "check draft/target vocabulary compatibility"),
 }
 
 

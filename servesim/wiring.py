@@ -9,7 +9,7 @@ import numpy as np
 import simpy
 
 from servesim.config.models import SimConfig
-from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.engine.kv_cache import kv_cache_blocks
 from servesim.errors import ConfigError
@@ -119,7 +119,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         ConfigError: cards not found, the model does not fit, a request can never be served, a speculative
             config vLLM would reject for this target (MTP module count, draft_tensor_parallel_size).
     """
-    from servesim.api import STREAM_WORKLOAD, child_seed
+    from servesim.seeding import STREAM_WORKLOAD, child_seed
     from servesim.workload import build_workload
 
     hardware, model = resolve_cards(cfg, folder)
@@ -131,7 +131,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
                                       speculative=cfg.speculative_config is not None)
     spec = drafter = None
     if cfg.speculative_config is not None:
-        from servesim.config.loading import validate
+        from servesim.input_files import validate
         from servesim.speculation.config import SpeculativeConfig
         from servesim.speculation.costs import build_drafter
 
@@ -205,7 +205,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
 
 def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSequence):
     """Acceptance profile, k schedule and pre-drawn uniforms of a speculative run."""
-    from servesim.api import STREAM_ACCEPTANCE, STREAM_FACTORS, child_seed
+    from servesim.seeding import STREAM_ACCEPTANCE, STREAM_FACTORS, child_seed
     from servesim.engine.spec_engine import SpecSetup
     from servesim.speculation.config import DEFAULT_PROFILES
     from servesim.speculation.profile import load_profile

@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
     from servesim.analysis.capacity import parse_slo
     from servesim.analysis.tune_k import tune_k
     from servesim.atomic import prepare_output_dir, replacing_outputs
-    from servesim.commands.run import parse_overrides
+    from servesim.cli.run import parse_overrides
     from servesim.config.models import load_config
     from servesim.sweep.executors import open_executor
     from servesim.sweep.store import atomic_write_text

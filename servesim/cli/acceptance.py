@@ -1,13 +1,13 @@
 """``servesim acceptance``: build acceptance profiles from data.
 
 ``servesim acceptance ngram --input PAIRS.jsonl --n N --k K [--min-n N] [--out PROFILE.yaml]`` replays
-vLLM-style prompt lookup (:mod:`servesim.speculation.ngram`) over ``{"prompt": ..., "answer": ...}`` lines
+vLLM-style prompt lookup (:mod:`servesim.acceptance.ngram`) over ``{"prompt": ..., "answer": ...}`` lines
 (text, split on whitespace, or lists of token ids), prints its statistics (to stderr when the profile
 goes to stdout, so that ``> profile.yaml`` stays a valid profile) and writes an ``method: ngram``
 profile that the engine reads (per-position rates over all rounds, no-match rounds counted as drafts with
 nothing accepted, plus ``no_match_probability``).
 
-From serving logs (:mod:`servesim.speculation.logs` documents the arithmetic):
+From serving logs (:mod:`servesim.acceptance.logs` documents the arithmetic):
 
 * ``servesim acceptance from-vllm-log --input server.log [--out PROFILE.yaml]``: pools vLLM's
   ``SpecDecoding metrics:`` lines (per-position rates weighted by drafts);
@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from servesim.errors import ConfigError, TraceError
-from servesim.speculation.ngram import NgramStats, aggregate
+from servesim.acceptance.ngram import NgramStats, aggregate
 from servesim.speculation.profile import AcceptanceProfile
 
 __all__ = ["add_arguments", "run", "read_pairs", "stats_to_profile"]
@@ -80,7 +80,7 @@ def _add_log_subcommands(sub: Any) -> None:
 
 
 def _run_from_logs(args: argparse.Namespace) -> int:
-    from servesim.speculation import logs
+    from servesim.acceptance import logs
 
     if args.acceptance_command == "from-vllm-log":
         counts = logs.parse_vllm_log(args.input)
@@ -117,7 +117,7 @@ def read_pairs(path: Path) -> list[tuple[list[Any], list[Any]]]:
     Raises:
         TraceError: missing file, not UTF-8, bad JSON, or a line without a string/list ``prompt`` and ``answer``.
     """
-    from servesim.config.loading import not_utf8_message
+    from servesim.input_files import not_utf8_message
 
     try:
         lines = path.read_text(encoding="utf-8").splitlines()

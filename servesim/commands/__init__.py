@@ -1,1 +1,0 @@
-"""servesim.commands."""
