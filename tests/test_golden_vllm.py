@@ -27,7 +27,7 @@ from servesim.engine.trace import StepTracer
 from servesim.speculation.config import SpeculativeConfig
 from servesim.speculation.profile import load_profile
 from servesim.speculation.schedule import KSchedule
-from servesim.roofline import SUBPS_PER_PS  # noqa: I001 (kept apart from the imports above for merges)
+from servesim.roofline import SUBPS_PER_PS
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 STEP_PS = 10**9  # every step lasts 1 ms
