@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from itertools import chain
 
 import numpy as np
 
@@ -50,6 +51,9 @@ from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS, St
 
 KV_BLOCK_PS_MAX = 2**62
 """Largest KV-block integral (blocks x ps) of one step-log row: longer runs are split so that it fits int64."""
+
+ROW_SUBPS_MAX = 2**62
+"""Rows shorter than this (2^-16 ps, about 70 s) have their steps' ends rebuilt in one int64 expression."""
 
 
 class Engine:
@@ -725,7 +729,7 @@ class Engine:
         run = np.repeat(np.arange(runs.shape[0], dtype=np.int64), later)
         i = np.arange(run.shape[0], dtype=np.int64) - offsets[run] + 1
         first = np.cumsum(steps) - steps  # each row's first step in ``ends``
-        late = counts[run, i % bs] * ends[first[runs][run] + i - 1]
+        late = counts.ravel()[run * bs + i % bs] * ends[first[runs][run] + i - 1]
         kv[runs] -= np.add.reduceat(late, offsets)
         return kv
 
@@ -738,20 +742,21 @@ class Engine:
         whole and sub-picosecond parts of ``d0`` and ``inc`` so that nothing overflows int64.
         """
         steps, duration = cols[1], cols[4]
-        whole_d0 = duration.copy()  # a single step: m = 1, T = 0, the rest 0
-        part_d0 = np.zeros_like(duration)
-        whole_inc = np.zeros_like(duration)
-        part_inc = np.zeros_like(duration)
-        rem = np.zeros_like(duration)
-        if self.sub_runs:
-            runs = np.fromiter(self.sub_runs, dtype=np.int64, count=len(self.sub_runs)).reshape(-1, 4)
-            row, d0, inc = runs[:, 0], runs[:, 2], runs[:, 3]
-            rem[row] = runs[:, 1]
-            whole_d0[row], part_d0[row] = d0 >> SUBPS_BITS, d0 & SUBPS_MASK
-            whole_inc[row], part_inc[row] = inc >> SUBPS_BITS, inc & SUBPS_MASK
         row = np.repeat(np.arange(steps.shape[0], dtype=np.int64), steps)
         m = np.arange(1, row.shape[0] + 1, dtype=np.int64) - np.repeat(np.cumsum(steps) - steps, steps)
         tri = m * (m - 1) // 2
+        runs = np.fromiter(self.sub_runs, dtype=np.int64, count=len(self.sub_runs)).reshape(-1, 4)
+        rem = np.zeros_like(duration)
+        rem[runs[:, 0]] = runs[:, 1]
+        if int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS:  # every row's end fits int64 in 2^-16 ps
+            d0 = duration << SUBPS_BITS  # a single step: m = 1, T = 0, no remainder
+            inc = np.zeros_like(duration)
+            d0[runs[:, 0]], inc[runs[:, 0]] = runs[:, 2], runs[:, 3]
+            return (rem[row] + m * d0[row] + tri * inc[row]) >> SUBPS_BITS
+        whole_d0 = duration.copy()
+        part_d0, whole_inc, part_inc = np.zeros_like(duration), np.zeros_like(duration), np.zeros_like(duration)
+        whole_d0[runs[:, 0]], part_d0[runs[:, 0]] = runs[:, 2] >> SUBPS_BITS, runs[:, 2] & SUBPS_MASK
+        whole_inc[runs[:, 0]], part_inc[runs[:, 0]] = runs[:, 3] >> SUBPS_BITS, runs[:, 3] & SUBPS_MASK
         return (m * whole_d0[row] + tri * whole_inc[row]
                 + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
 
@@ -933,7 +938,7 @@ class Engine:
             preemptions=np.asarray(self.npre, dtype=np.int64),
         )
 
-        rows = np.asarray(self.rows, dtype=np.int64).reshape(-1, 13)
+        rows = np.fromiter(chain.from_iterable(self.rows), dtype=np.int64, count=13 * len(self.rows)).reshape(-1, 13)
         cols = rows.T
         ends = self._step_ends(cols)
         # each step's duration: its end less the previous step's end within its row (a row starts at 0)
