@@ -186,7 +186,12 @@ def test_a_runs_end_in_closed_form_is_stepping_one_step_at_a_time(run):
     assert (end >> SUBPS_BITS, end & SUBPS_MASK) == (ends[-1], fine)
 
 
-@given(st.lists(runs, min_size=1, max_size=6), st.lists(st.integers(1, 10**10), min_size=1, max_size=6))
+#: runs and single steps up to hours long: rows past 2**62 sub-picoseconds take the split (ps + remainder) path
+long_runs = st.tuples(st.integers(0, SUBPS_MASK), st.integers(1, 2**58), st.integers(0, 10**11), st.integers(1, 300))
+
+
+@given(st.lists(st.one_of(runs, long_runs), min_size=1, max_size=6),
+       st.lists(st.one_of(st.integers(1, 10**10), st.integers(1, 2**50)), min_size=1, max_size=6))
 def test_step_durations_rebuilt_at_output_are_the_stepped_ones(run_list, single):
     """Engine._step_ends on rows of decode runs (``sub_runs``) and single steps, against stepping."""
     rows, sub_runs, expected = [], [], []
