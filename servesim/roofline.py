@@ -64,7 +64,7 @@ Sliding-window layers (gpt-oss: 18 of 36 layers, ``W`` = 128 tokens). Each new t
         + R * W * KV_bytes_per_token_sliding / (eta_kv BW)                per scheduled request
 
 so both stay constant over a run of identical decode steps (the per-request term is folded into the
-integer ``request_ps_per_request``) and the closed forms of run mode stay exact; ``min(ctx, W)`` itself is
+integer ``request_subps_per_request``) and the closed forms of run mode stay exact; ``min(ctx, W)`` itself is
 not linear in the context and is therefore not used. ``ctx_i`` is the number of tokens request ``i`` attends over (its computed
 tokens plus the new ones), read once per request per step also when it verifies ``1 + k`` tokens;
 ``pairs_i = q c + q (q + 1) / 2`` causal (query, key) pairs for ``q`` new tokens after ``c`` computed;
@@ -75,14 +75,23 @@ tokens plus the new ones), read once per request per step also when it verifies 
 The ``ideal`` mode is the seed lesson's form (Example 12), unchanged: efficiency 1, no overhead, no KV
 traffic, no attention, sampler or all-reduce term, ``t = max(W / BW, (F_lin T + F_lm n_logits) / P)``.
 
-Exactness. Durations are integers of the engine clock (picoseconds): ``d = base_ps(T, n_logits, R) +
-kv_ps * sum ctx + attn_ps * sum pairs`` with integer per-token and per-pair coefficients. A run of
-identical decode steps therefore has durations ``D0 + j * Delta`` exactly (``T``, ``n_logits`` and ``R``
-are constant over it), and the fast path can sum a run in closed form and still agree bit for bit with
-stepping one step at a time. The coefficients are rounded once to whole picoseconds: the KV
-coefficient (tens of thousands of ps per token) errs below 1e-4, the attention coefficient (hundreds of ps
-per pair; 10 ps for Llama-3.2-1B on 8 B200s) by up to a few percent for small models at high TP
-(:attr:`StepTimeModel.coefficient_rounding_error` reports the larger relative error).
+Exactness. The engine's clock is integer picoseconds plus a remainder below one picosecond, kept in
+sub-picosecond units of ``2^-16`` ps (:data:`SUBPS_PER_PS`). A step's duration is an integer of those
+units, ``d = base(T, n_logits, R) + kv * sum ctx + attn * sum pairs`` with integer coefficients
+(:class:`StepTimeModel`: ``tokens_subps``, ``request_subps_per_request``, ``kv_subps_per_token``,
+``attn_subps_per_pair``), each rounded once from its exact value. A run of identical decode steps
+therefore has durations ``D0 + j * Delta`` exactly (``T``, ``n_logits`` and ``R`` are constant over it):
+the run's end is ``t0 + floor((rem0 + n D0 + Delta n(n-1)/2) / 2^16)`` ps with the new remainder carried
+on, one division, exactly what adding the steps one at a time gives, so the fast path sums a run in
+closed form and agrees bit for bit with stepping. Every time the engine reports (step starts, token
+emissions, a step's duration in ps) is a difference of that floored clock: a step lasts its exact
+duration in sub-picoseconds, seen at whole picoseconds. The coefficients' relative rounding error is at
+most ``0.5 / (c * 2^16)`` for a coefficient of ``c`` ps: below 1e-6 for every shipped card, model and TP
+degree 1-8, drafter heads' KV included (``tests/test_step_time_exactness.py``; at most 4.0e-7, the
+attention coefficient of Llama-3.2-1B on 8 MI300X; the smallest coefficient, 10.4 ps per pair on 8 B200s,
+erred by 3.9% in whole picoseconds); :attr:`StepTimeModel.coefficient_rounding_error` reports a model's
+largest. Rounding the context-free part ``base`` once per ``(T, n_logits)`` errs by at most 2^-17 ps a
+step, and the floored clock shifts a time by less than 1 ps.
 """
 
 from __future__ import annotations
@@ -93,6 +102,18 @@ from typing import Literal
 
 PS_PER_S = 10**12
 """Picoseconds per second: the engine's integer clock unit."""
+
+SUBPS_BITS = 16
+"""Bits of the engine clock below one picosecond: step durations are integers of ``2^-16`` ps."""
+
+SUBPS_PER_PS = 1 << SUBPS_BITS
+"""Sub-picosecond units per picosecond (65,536): the unit of step durations and step-time coefficients."""
+
+SUBPS_MASK = SUBPS_PER_PS - 1
+"""``x & SUBPS_MASK``: the part of a time ``x`` (sub-picosecond units) below one picosecond."""
+
+SUBPS_PER_S = PS_PER_S * SUBPS_PER_PS
+"""Sub-picosecond units per second."""
 
 LOGIT_BYTES = 4
 """Bytes per logit element: vLLM computes and samples logits in fp32."""
@@ -206,21 +227,22 @@ def elementwise_bytes_per_token(hidden_size: int, q_heads: int, kv_heads: int, h
 
 @dataclass
 class StepTimeModel:
-    """Integer-picosecond step-time model for one model on one tensor-parallel group.
+    """Step-time model for one model on one tensor-parallel group, in integer sub-picoseconds.
 
-    Build it with :func:`build_step_time_model`. Call :meth:`step_ps` for any step, or use
-    ``base_ps(T, n_logits, R)`` plus the linear coefficients for runs of decode steps.
+    Build it with :func:`build_step_time_model`. Call :meth:`step_subps` for any step, or use
+    ``base_subps(T, n_logits, R)`` plus the linear coefficients for runs of decode steps. Durations and
+    coefficients are integers of ``2^-16`` ps (:data:`SUBPS_PER_PS`; see the module's "Exactness").
 
     Attributes:
         mode: ``"calibrated"`` or ``"ideal"``.
-        kv_ps_per_token: time to read one context token's KV cache, per GPU (ps per token).
-        attn_ps_per_pair: time of the attention FLOPs of one (query, key) pair (ps per pair).
-        decode_ps_per_token: ``kv_ps_per_token + attn_ps_per_pair``: the growth of a decode step's
+        kv_subps_per_token: time to read one context token's KV cache, per GPU (2^-16 ps per token).
+        attn_subps_per_pair: time of the attention FLOPs of one (query, key) pair (2^-16 ps per pair).
+        decode_subps_per_token: ``kv_subps_per_token + attn_subps_per_pair``: the growth of a decode step's
             time per context token (a decode token attends over its context once).
-        request_ps_per_request: ``per_request_s`` of the card in ps (an integer coefficient, like the two
-            above, so that runs of identical steps stay exact).
-        coefficient_rounding_error: largest relative error of the integer coefficients against their
-            exact values (0 when both are 0).
+        request_subps_per_request: ``per_request_s`` of the card (2^-16 ps per scheduled request).
+        coefficient_rounding_errors: relative error of each integer coefficient against its exact value
+            (``"kv"``, ``"attention"``, ``"request"``; 0 for a zero coefficient).
+        coefficient_rounding_error: the largest of them.
     """
 
     mode: str
@@ -228,40 +250,55 @@ class StepTimeModel:
     linear_s_per_token: float
     lm_head_s_per_logit: float
     weight_read_s: object  # callable T -> seconds for the weight read at the effective bandwidth
-    kv_ps_per_token: int
-    attn_ps_per_pair: int
-    request_ps_per_request: int = 0
-    coefficient_rounding_error: float = 0.0
+    kv_subps_per_token: int
+    attn_subps_per_pair: int
+    request_subps_per_request: int = 0
+    coefficient_rounding_errors: dict = field(default_factory=dict)
     _base_cache: dict = field(default_factory=dict, repr=False)
 
     @property
-    def decode_ps_per_token(self) -> int:
-        return self.kv_ps_per_token + self.attn_ps_per_pair
+    def decode_subps_per_token(self) -> int:
+        return self.kv_subps_per_token + self.attn_subps_per_pair
+
+    @property
+    def coefficient_rounding_error(self) -> float:
+        return max(self.coefficient_rounding_errors.values(), default=0.0)
+
+    @property
+    def kv_ps_per_token(self) -> float:
+        """The KV coefficient in ps per token (exactly the integer coefficient, as a float)."""
+        return self.kv_subps_per_token / SUBPS_PER_PS
+
+    @property
+    def attn_ps_per_pair(self) -> float:
+        """The attention coefficient in ps per (query, key) pair (the integer coefficient, as a float)."""
+        return self.attn_subps_per_pair / SUBPS_PER_PS
 
     def base_s(self, num_tokens: int, num_logits: int, num_requests: int) -> float:
         """Step time without the context-dependent terms (s): everything but the KV read and attention
         FLOPs, for ``num_tokens`` scheduled tokens, ``num_logits`` logit positions and ``num_requests``
-        scheduled requests (see :meth:`base_ps`)."""
-        return self.base_ps(num_tokens, num_logits, num_requests) / PS_PER_S
+        scheduled requests (see :meth:`base_subps`)."""
+        return self.base_subps(num_tokens, num_logits, num_requests) / SUBPS_PER_S
 
-    def tokens_ps(self, num_tokens: int, num_logits: int) -> int:
-        """The part of :meth:`base_ps` that depends on tokens and logits only (integer ps, cached)."""
+    def tokens_subps(self, num_tokens: int, num_logits: int) -> int:
+        """The part of :meth:`base_subps` that depends on tokens and logits only (integer 2^-16 ps, cached)."""
         key = (num_tokens, num_logits)
         v = self._base_cache.get(key)
         if v is None:
-            v = round(self.context_free_s(num_tokens, num_logits) * PS_PER_S)
+            v = round(self.context_free_s(num_tokens, num_logits) * SUBPS_PER_S)
             self._base_cache[key] = v
         return v
 
-    def base_ps(self, num_tokens: int, num_logits: int, num_requests: int) -> int:
-        """Context-free step time (integer ps): ``tokens_ps(T, n_logits) + request_ps_per_request * R``."""
+    def base_subps(self, num_tokens: int, num_logits: int, num_requests: int) -> int:
+        """Context-free step time (integer 2^-16 ps): ``tokens_subps(T, n_logits) + request_subps_per_request * R``."""
         v = self._base_cache.get((num_tokens, num_logits))  # the engine's hot path: no second call on a hit
         if v is None:
-            v = self.tokens_ps(num_tokens, num_logits)
-        return v + self.request_ps_per_request * num_requests
+            v = self.tokens_subps(num_tokens, num_logits)
+        return v + self.request_subps_per_request * num_requests
 
-    def step_ps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int, num_requests: int = 0) -> int:
-        """Duration of one step (integer ps).
+    def step_subps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int,
+                   num_requests: int = 0) -> int:
+        """Duration of one step (integer 2^-16 ps).
 
         Args:
             num_tokens: tokens scheduled in the step (T).
@@ -271,17 +308,28 @@ class StepTimeModel:
             num_requests: requests scheduled in the step (R; the engine always passes it, 0 leaves out
                 the per-request term).
         """
-        return (self.base_ps(num_tokens, num_logits, num_requests) + self.kv_ps_per_token * kv_tokens
-                + self.attn_ps_per_pair * attn_pairs)
+        return (self.base_subps(num_tokens, num_logits, num_requests) + self.kv_subps_per_token * kv_tokens
+                + self.attn_subps_per_pair * attn_pairs)
 
     def step_s(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int, num_requests: int = 0) -> float:
-        """Duration of one step in seconds (see :meth:`step_ps`)."""
-        return self.step_ps(num_tokens, num_logits, kv_tokens, attn_pairs, num_requests) / PS_PER_S
+        """Duration of one step in seconds (see :meth:`step_subps`)."""
+        return self.step_subps(num_tokens, num_logits, kv_tokens, attn_pairs, num_requests) / SUBPS_PER_S
 
     def compute_bound_tokens(self) -> float:
         """Tokens per step above which the linear layers' compute line passes the weight read (dense)."""
         per_token = self.linear_s_per_token + self.lm_head_s_per_logit
         return self.weight_read_s(1) / per_token if per_token > 0 else math.inf
+
+
+def subps_coefficient(exact_subps: float) -> tuple[int, float]:
+    """An integer coefficient (2^-16 ps per unit) from its exact value, and its relative rounding error.
+
+    A positive coefficient is at least 1 (a cost never rounds to nothing); 0 stays 0 with error 0.
+    """
+    if exact_subps <= 0:
+        return 0, 0.0
+    value = max(1, round(exact_subps))
+    return value, abs(value - exact_subps) / exact_subps
 
 
 def compute_dtype(model, hardware) -> str:
@@ -361,7 +409,7 @@ def build_step_time_model(
 
         return StepTimeModel(mode=mode, context_free_s=ideal_s, linear_s_per_token=f_lin / peak,
                              lm_head_s_per_logit=f_lm / peak, weight_read_s=weight_read_s,
-                             kv_ps_per_token=0, attn_ps_per_pair=0)
+                             kv_subps_per_token=0, attn_subps_per_pair=0)
     eff_bw = float(hardware.bandwidth_efficiency) * bw
     eff_peak = float(hardware.compute_efficiency) * peak
     w_lm, w_outside = _lm_head_and_embedding_bytes(model)
@@ -458,19 +506,17 @@ def build_step_time_model(
                 t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
             return t
 
-    kv_exact = float(model.kv_bytes_per_token) / tp / kv_bw * PS_PER_S
-    attn_exact = float(model.attention_flops_per_pair) / tp / eff_peak * PS_PER_S
-    kv_ps = max(1, round(kv_exact)) if kv_exact > 0 else 0
-    attn_ps = round(attn_exact)
-    errors = [abs(c - e) / e for c, e in ((kv_ps, kv_exact), (attn_ps, attn_exact)) if e > 0]
+    kv, kv_err = subps_coefficient(float(model.kv_bytes_per_token) / tp / kv_bw * SUBPS_PER_S)
+    attn, attn_err = subps_coefficient(float(model.attention_flops_per_pair) / tp / eff_peak * SUBPS_PER_S)
+    request, request_err = subps_coefficient((per_request + sliding_per_request) * SUBPS_PER_S)
     return StepTimeModel(
         mode=mode,
         context_free_s=context_free_s,
         linear_s_per_token=f_lin / eff_peak,
         lm_head_s_per_logit=f_lm / eff_peak,
         weight_read_s=weight_read_s,
-        kv_ps_per_token=kv_ps,
-        attn_ps_per_pair=attn_ps,
-        request_ps_per_request=round((per_request + sliding_per_request) * PS_PER_S),
-        coefficient_rounding_error=max(errors, default=0.0),
+        kv_subps_per_token=kv,
+        attn_subps_per_pair=attn,
+        request_subps_per_request=request,
+        coefficient_rounding_errors={"kv": kv_err, "attention": attn_err, "request": request_err},
     )

@@ -189,7 +189,10 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         "roofline_mode": cfg.roofline.mode,
         "decode_step_s_batch1": step_time.base_s(1, 1, 1),
         "kv_s_per_token": step_time.kv_ps_per_token / PS_PER_S,
-        "step_time_coefficient_rounding_error": step_time.coefficient_rounding_error,
+        # the largest relative rounding error of the integer step-time coefficients, the drafter's KV included
+        "step_time_coefficient_rounding_error": max(
+            step_time.coefficient_rounding_error,
+            drafter.draft_model.coefficient_rounding_errors["kv"] if drafter and drafter.draft_model else 0.0),
     }
     spec_setup = None
     if spec is not None:

@@ -7,7 +7,7 @@ import simpy
 
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
-from servesim.roofline import PS_PER_S, StepTimeModel
+from servesim.roofline import PS_PER_S, SUBPS_PER_PS, StepTimeModel
 
 
 def _max_roofline(weights_s: float, per_token_s: float, per_logit_s: float, overhead_s: float):
@@ -26,9 +26,9 @@ def flat_step_model(decode_s: float = 0.01, per_token_s: float = 0.0, kv_ps: int
         weight_read_s=lambda tokens: decode_s,
         linear_s_per_token=per_token_s,
         lm_head_s_per_logit=0.0,
-        kv_ps_per_token=kv_ps,
-        attn_ps_per_pair=attn_ps,
-        request_ps_per_request=request_ps,
+        kv_subps_per_token=kv_ps * SUBPS_PER_PS,
+        attn_subps_per_pair=attn_ps * SUBPS_PER_PS,
+        request_subps_per_request=request_ps * SUBPS_PER_PS,
     )
 
 
@@ -41,9 +41,9 @@ def realistic_step_model() -> StepTimeModel:
         weight_read_s=lambda tokens: 16e9 / 2.68e12,
         linear_s_per_token=16e9 / 692e12,
         lm_head_s_per_logit=1e-6,
-        kv_ps_per_token=48_900,
-        attn_ps_per_pair=758,
-        request_ps_per_request=3_000_000,
+        kv_subps_per_token=48_900 * SUBPS_PER_PS,
+        attn_subps_per_pair=758 * SUBPS_PER_PS,
+        request_subps_per_request=3_000_000 * SUBPS_PER_PS,
     )
 
 

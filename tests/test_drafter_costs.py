@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from servesim.cards import load_hardware, load_model
-from servesim.roofline import PS_PER_S, build_step_time_model
+from servesim.roofline import PS_PER_S, SUBPS_PER_S, build_step_time_model
 from servesim.speculation.config import SpeculativeConfig
 from servesim.speculation.costs import build_drafter, head_card
 
@@ -31,18 +31,18 @@ def test_default_head_is_one_target_layer_sharing_embedding_and_lm_head(eagle):
 def test_draft_passes_are_the_head_on_the_step_model_plus_the_named_overhead(eagle):
     hw, target, spec, drafter = eagle
     head = build_step_time_model(hw, load_model(head_card(target)), 1, step_overhead=False)
-    overhead = round(spec.draft_pass_overhead_s * PS_PER_S)
+    overhead = round(spec.draft_pass_overhead_s * SUBPS_PER_S)
     for tokens, requests, k in ((1, 1, 3), (512, 64, 3), (1024, 256, 2)):
-        expected = head.base_ps(tokens, requests, 0) + (k - 1) * head.base_ps(requests, requests, 0) + k * overhead
-        assert drafter.const_ps(tokens, requests, k) == expected
+        expected = head.base_subps(tokens, requests, 0) + (k - 1) * head.base_subps(requests, requests, 0) + k * overhead
+        assert drafter.const_subps(tokens, requests, k) == expected
 
 
 def test_no_constant_stands_in_for_what_grows_with_the_batch(eagle):
     _, _, spec, drafter = eagle
-    overhead = round(spec.draft_pass_overhead_s * PS_PER_S)
+    overhead = round(spec.draft_pass_overhead_s * SUBPS_PER_S)
 
     def variable(batch):  # drafting time of a verify step of batch x 4 tokens, minus the fixed overheads
-        return drafter.const_ps(4 * batch, batch, 3) - 3 * overhead
+        return drafter.const_subps(4 * batch, batch, 3) - 3 * overhead
 
     growth = [variable(b) for b in (1, 8, 32, 64, 128, 256)]
     assert all(b > a for a, b in zip(growth, growth[1:]))

@@ -27,6 +27,7 @@ from servesim.engine.step_trace import StepTracer
 from servesim.speculation.config import SpeculativeConfig
 from servesim.speculation.profile import load_profile
 from servesim.speculation.schedule import KSchedule
+from servesim.roofline import SUBPS_PER_PS
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 STEP_PS = 10**9  # every step lasts 1 ms
@@ -35,33 +36,33 @@ GOLDEN_FILES = sorted(GOLDEN.glob("*.json.gz"))
 
 
 class ConstantStepTime:
-    """A step-time model in which every step lasts ``STEP_PS`` (the engine's step-time interface)."""
+    """A step-time model in which every step lasts ``STEP_PS`` (the engine's step-time interface, 2^-16 ps)."""
 
-    kv_ps_per_token = 0
-    attn_ps_per_pair = 0
-    decode_ps_per_token = 0
-    request_ps_per_request = 0
+    kv_subps_per_token = 0
+    attn_subps_per_pair = 0
+    decode_subps_per_token = 0
+    request_subps_per_request = 0
 
-    def tokens_ps(self, num_tokens: int, num_logits: int) -> int:
-        return STEP_PS
+    def tokens_subps(self, num_tokens: int, num_logits: int) -> int:
+        return STEP_PS * SUBPS_PER_PS
 
-    def base_ps(self, num_tokens: int, num_logits: int, num_requests: int = 0) -> int:
-        return STEP_PS
+    def base_subps(self, num_tokens: int, num_logits: int, num_requests: int = 0) -> int:
+        return STEP_PS * SUBPS_PER_PS
 
-    def step_ps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int,
-                num_requests: int = 0) -> int:
-        return STEP_PS
+    def step_subps(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int,
+                   num_requests: int = 0) -> int:
+        return STEP_PS * SUBPS_PER_PS
 
 
 class FreeDrafter:
     """A drafter that takes no time (the drafter cost interface)."""
 
-    kv_ps_per_draft_token = 0
+    kv_subps_per_draft_token = 0
 
-    def const_ps(self, num_tokens: int, num_requests: int, k: int) -> int:
+    def const_subps(self, num_tokens: int, num_requests: int, k: int) -> int:
         return 0
 
-    def step_ps(self, num_tokens: int, num_requests: int, k: int, ctx_tokens: int) -> int:
+    def step_subps(self, num_tokens: int, num_requests: int, k: int, ctx_tokens: int) -> int:
         return 0
 
 

@@ -16,7 +16,7 @@ from servesim.roofline import (
     ELEMENTWISE_OPS_PER_LAYER,
     GEMMS_PER_LAYER,
     LOGIT_BYTES,
-    PS_PER_S,
+    SUBPS_PER_S,
     build_step_time_model,
     elementwise_bytes_per_token,
     elementwise_time_s,
@@ -131,8 +131,8 @@ def test_sliding_window_terms_are_per_request_and_per_token(h100, gpt_oss):
     kv_bw = h100.attention_bandwidth_efficiency * h100.memory_bandwidth_bytes_per_s
     sliding_kv = 2 * 18 * 8 * 64 * 1  # K and V, 18 layers, 8 KV heads of 64, FP8
     assert gpt_oss.kv_bytes_per_token_sliding == sliding_kv
-    assert st.request_ps_per_request == round((h100.per_request_s + 128 * sliding_kv / kv_bw) * PS_PER_S)
-    assert st_wide.request_ps_per_request == round((h100.per_request_s + 256 * sliding_kv / kv_bw) * PS_PER_S)
+    assert st.request_subps_per_request == round((h100.per_request_s + 128 * sliding_kv / kv_bw) * SUBPS_PER_S)
+    assert st_wide.request_subps_per_request == round((h100.per_request_s + 256 * sliding_kv / kv_bw) * SUBPS_PER_S)
     per_token = 128 * 4 * 18 * 64 * 64 / (h100.compute_efficiency * h100.peak_flops_per_s["bf16"])
     for tokens in (1, 40, 1000):
         assert st_wide.base_s(tokens, 0, 0) - st.base_s(tokens, 0, 0) == pytest.approx(tokens * per_token, rel=1e-6)
@@ -145,7 +145,7 @@ def test_dense_step_times_ignore_the_moe_fields(h100):
     m = load_model("llama-3.1-8b")
     a, b = build_step_time_model(h100, m, 1), build_step_time_model(other, m, 1)
     for tokens, logits, requests in ((1, 1, 1), (40, 40, 8), (4096, 1, 1)):
-        assert a.base_ps(tokens, logits, requests) == b.base_ps(tokens, logits, requests)
+        assert a.base_subps(tokens, logits, requests) == b.base_subps(tokens, logits, requests)
 
 
 def _fit_module():

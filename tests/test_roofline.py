@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from servesim.cards import load_hardware, load_model
-from servesim.roofline import PS_PER_S, build_step_time_model
+from servesim.roofline import PS_PER_S, SUBPS_PER_PS, build_step_time_model
 
 
 @pytest.fixture(scope="module")
@@ -15,7 +15,7 @@ def lesson():
 
 
 def step_ms(model, tokens: int) -> float:
-    return model.step_ps(tokens, 0, 0, 0) / PS_PER_S * 1e3
+    return model.step_s(tokens, 0, 0, 0) * 1e3
 
 
 def test_example12_plain_step_is_memory_bound_at_4_78_ms(lesson):
@@ -43,13 +43,13 @@ def test_example12_speculative_round_times(lesson, batch, round_ms):
 
 def test_ideal_mode_has_no_kv_or_attention_terms(lesson):
     assert lesson.kv_ps_per_token == 0 and lesson.attn_ps_per_pair == 0
-    assert lesson.step_ps(1, 1, 10_000, 10_000) == lesson.step_ps(1, 1, 0, 0)
+    assert lesson.step_subps(1, 1, 10_000, 10_000) == lesson.step_subps(1, 1, 0, 0)
 
 
 def test_calibrated_llama8b_h100_batch1_decode_is_about_7_5_ms():
     model = build_step_time_model(load_hardware("h100-sxm"), load_model("llama-3.1-8b"), 1, "calibrated")
     # batch 1 at a 1,000-token context (vLLM V1 measures 133 tok/s = 7.5 ms per token, PR 16937)
-    t = model.step_ps(1, 1, 1000, 1000) / PS_PER_S
+    t = model.step_s(1, 1, 1000, 1000)
     assert t == pytest.approx(7.5e-3, rel=0.05)
 
 
@@ -57,7 +57,7 @@ def test_kv_term_reads_kv_bytes_per_token_at_effective_bandwidth():
     hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
     model = build_step_time_model(hw, m, 1, "calibrated")
     expected_ps = m.kv_bytes_per_token / (hw.memory_bandwidth_bytes_per_s * hw.attention_bandwidth_efficiency) * PS_PER_S
-    assert model.kv_ps_per_token == round(expected_ps)
+    assert model.kv_subps_per_token == round(expected_ps * SUBPS_PER_PS)
 
 
 def test_tensor_parallel_splits_weights_and_adds_allreduce():

@@ -159,7 +159,7 @@ def run(requests: list[Req], *, num_gpu_blocks: int, mode: str, max_num_batched_
             offset += r.output
         setup = SpecSetup(
             schedule=KSchedule(spec_k, None), lookahead=spec_k, disable_by_batch_size=None,
-            drafts_may_be_empty=False, drafter=DrafterCost(kind="cpu", cpu_ps_per_request=0),
+            drafts_may_be_empty=False, drafter=DrafterCost(kind="cpu", cpu_subps_per_request=0),
             profile=load_profile({"alpha": 0.5}), uniforms=None, factors=None, accept_table=table,
         )
         engine = TracedSpecEngine(spec=setup, **kwargs)

@@ -332,7 +332,7 @@ def fit_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[St
 
     The model is the simulator's own (:func:`predict_step_times`); the objective is the sum of squared
     relative errors, minimised with :func:`scipy.optimize.least_squares` (trust-region reflective, within
-    physical bounds, finite differences of relative step 1e-3: the model's times are whole picoseconds)
+    physical bounds, finite differences of relative step 1e-3: the model's times are integers of 2^-16 ps)
     from the base card's values and three other starts. A field whose change by 10% moves no predicted step by
     more than 0.5% is not determined by the data: it keeps the base card's value and the report says so.
 

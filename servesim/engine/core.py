@@ -40,16 +40,20 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from itertools import chain
 
 import numpy as np
 
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.errors import ConfigError
-from servesim.roofline import PS_PER_S, StepTimeModel
+from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS, StepTimeModel
 
 KV_BLOCK_PS_MAX = 2**62
 """Largest KV-block integral (blocks x ps) of one step-log row: longer runs are split so that it fits int64."""
+
+ROW_SUBPS_MAX = 2**62
+"""Rows shorter than this (2^-16 ps, about 70 s) have their steps' ends rebuilt in one int64 expression."""
 
 
 class Engine:
@@ -161,6 +165,7 @@ class Engine:
         self.waiting: deque[int] = deque()
         self.free = self.total_blocks
         self.now = 0
+        self.clock_subps = 0  # the clock's remainder below self.now (ps), in 2^-16 ps: [0, SUBPS_PER_PS)
         self.G = 0  # index of the next engine step
         self.finished = 0
         # Aggregated decoders (run mode).
@@ -181,8 +186,11 @@ class Engine:
         # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
         # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
         self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of speculative runs
-        # decode runs whose integral is corrected at output, flat lists of ints (cheap to extend): (row, steps,
-        # d0, inc) in kv_runs and cnt2's window of block_size counts at the run's first step in kv_windows
+        # decode runs of more than one step, a flat list of ints (cheap to extend): (row, clock remainder at
+        # its start, d0, inc), 2^-16 ps, from which the output rebuilds every step's duration in ps
+        self.sub_runs: list[int] = []
+        # those whose integral is corrected at output: their rows in kv_runs and cnt2's window of block_size
+        # counts at the run's first step in kv_windows
         self.kv_runs: list[int] = []
         self.kv_windows: list[int] = []
         self.kv_safe_ps = KV_BLOCK_PS_MAX // self.total_blocks  # rows shorter than this always fit
@@ -205,6 +213,7 @@ class Engine:
                     break
                 yield env.timeout((t - self.now) / PS_PER_S)
                 self.now = t
+                self.clock_subps = 0
                 continue
             if self.max_time_ps is not None and self.now >= self.max_time_ps:
                 break
@@ -428,8 +437,8 @@ class Engine:
                 logits += 1
             if not (n == 1 and gen[r] >= 1 and c == P[r] + gen[r] - 1):
                 prefill += n
-        d = self.st.step_ps(tokens, logits, kv, pairs, len(sched))
-        t1 = t0 + d
+        t1 = self._advance(self.st.step_subps(tokens, logits, kv, pairs, len(sched)))
+        d = t1 - t0
         used = self.total_blocks - free
         if self.tracer is not None:
             self.tracer.record(t0, ((r, n, 0) for r, n in sched), used, nwait, 0)
@@ -589,11 +598,23 @@ class Engine:
         total = self.P[h] + self.gen[h]
         return -(-total // self.bs) > free or (not self.chunked and total > budget)
 
+    def _advance(self, d_subps: int) -> int:
+        """The clock after a step of ``d_subps`` (2^-16 ps) from ``self.now``: returns its end (ps, floored)
+        and keeps the remainder below a picosecond in ``clock_subps`` (see :mod:`servesim.roofline`)."""
+        end = self.clock_subps + d_subps
+        self.clock_subps = end & SUBPS_MASK
+        return self.now + (end >> SUBPS_BITS)
+
     def _decode_run(self, g: int, B: int) -> None:
-        """A run of decode-only steps up to the next event, in O(1)."""
+        """A run of decode-only steps up to the next event, in O(1).
+
+        Step ``j`` of the run lasts ``d0 + j * inc`` (2^-16 ps); the run ends ``(rem + n d0 + inc n(n-1)/2)
+        >> 16`` ps after ``t0``, ``rem`` the clock's sub-picosecond remainder at its start: one division,
+        the same integers as stepping."""
         t0 = self.now
-        K = self.st.decode_ps_per_token
-        d0 = self.st.base_ps(B, B, B) + K * (self.A + B * g)
+        rem = self.clock_subps
+        K = self.st.decode_subps_per_token
+        d0 = self.st.base_subps(B, B, B) + K * (self.A + B * g)
         inc = K * B
         n = self._next_finish() - g + 1  # up to the step where the first decoder finishes
         released = 0
@@ -614,46 +635,58 @@ class Engine:
             t_lim = self.arrivals.next_time()
             if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
                 t_lim = self.max_time_ps
-            if t_lim is not None and t0 + n * d0 + inc * (n * (n - 1) // 2) >= t_lim:
-                n = self._steps_to_reach(t_lim - t0, d0, inc, n)
+            if t_lim is not None and rem + n * d0 + inc * (n * (n - 1) // 2) >= (t_lim - t0) << SUBPS_BITS:
+                n = self._steps_to_reach(((t_lim - t0) << SUBPS_BITS) - rem, d0, inc, n)
             if n > 1 and (n // self.bs + 1) * B > self.free:
                 n = min(n, self._max_decode_steps(g, self.free))
         nb = self._decode_blocks(g, n)
-        dur = n * d0 + inc * (n * (n - 1) // 2)
+        end = rem + n * d0 + inc * (n * (n - 1) // 2)
+        dur = end >> SUBPS_BITS
         if dur > self.kv_safe_ps and n > 1 and (self.total_blocks - self.free + nb) * dur >= KV_BLOCK_PS_MAX:
-            n = max(1, self._steps_to_reach(KV_BLOCK_PS_MAX // (self.total_blocks - self.free + nb), d0, inc, n) - 1)
+            span = KV_BLOCK_PS_MAX // (self.total_blocks - self.free + nb)
+            n = max(1, self._steps_to_reach((span << SUBPS_BITS) - rem, d0, inc, n) - 1)
             nb = self._decode_blocks(g, n)
-            dur = n * d0 + inc * (n * (n - 1) // 2)
+            end = rem + n * d0 + inc * (n * (n - 1) // 2)
+            dur = end >> SUBPS_BITS
         if self.tracer is not None:
-            self._trace_run(g, n, [t0 + j * d0 + inc * (j * (j - 1) // 2) for j in range(n)],
+            self._trace_run(g, n, [t0 + ((rem + j * d0 + inc * (j * (j - 1) // 2)) >> SUBPS_BITS) for j in range(n)],
                             [self._decode_blocks(g, j + 1) + (released if j == 0 else 0) for j in range(n)], 0)
         t1 = t0 + dur
+        self.clock_subps = end & SUBPS_MASK
+        first_end = rem + d0
+        d0_ps = first_end >> SUBPS_BITS
+        inc_ps = (inc + SUBPS_PER_PS // 2) >> SUBPS_BITS  # for display: the per-step durations are exact at output
         self.free -= nb
         used = self.total_blocks - self.free
-        itl = B - self._flush_stale(t0 + d0)
+        itl = B - self._flush_stale(t0 + d0_ps)
         self.now = t1
         self.G = g + n
         nwait = len(self.waiting)
         if released:  # the first step still held the finished requests' blocks: a row of its own
             first_used = self.total_blocks - self.free - nb + self._decode_blocks(g, 1) + released
-            self.rows.append((t0, 1, d0, 0, d0, B, B, 0, itl, first_used, nwait, 0, 0))
+            self.rows.append((t0, 1, d0_ps, 0, d0_ps, B, B, 0, itl, first_used, nwait, 0, 0))
             if n > 1:
-                self.rows.append((t0 + d0, n - 1, d0 + inc, inc, dur - d0, B, B, 0, B, used, nwait, 0, 0))
-                self._record_kv_run(g + 1, n - 1, d0 + inc, inc, nb - self._decode_blocks(g, 1))
+                rem1 = first_end & SUBPS_MASK
+                d1_ps = (rem1 + d0 + inc) >> SUBPS_BITS
+                self.rows.append((t0 + d0_ps, n - 1, d1_ps, inc_ps, dur - d0_ps, B, B, 0, B, used, nwait, 0, 0))
+                self._record_run(g + 1, n - 1, rem1, d0 + inc, inc, nb - self._decode_blocks(g, 1))
         else:
-            self.rows.append((t0, n, d0, inc, dur, B, B, 0, itl, used, nwait, 0, 0))
-            self._record_kv_run(g, n, d0, inc, nb)
+            self.rows.append((t0, n, d0_ps, inc_ps, dur, B, B, 0, itl, used, nwait, 0, 0))
+            self._record_run(g, n, rem, d0, inc, nb)
         if self.heap[0][0] == g + n - 1:
             self._finish_decoders(g + n - 1, t1)
 
-    def _record_kv_run(self, g: int, n: int, d0: int, inc: int, new_blocks: int) -> None:
-        """Note the last row, a plain decode run of ``n`` steps from step ``g`` (first step ``d0`` ps, then
-        ``+ inc`` per step) that allocated ``new_blocks`` blocks, for the exact KV integral at output: blocks
-        allocated after the row's first step were not in use before their step (:meth:`_kv_block_ps`)."""
-        if new_blocks and n > 1:
-            top = (1 - g) % self.bs + self.bs
-            self.kv_runs += (len(self.rows) - 1, n, d0, inc)
-            self.kv_windows += self.cnt2[top - self.bs + 1: top + 1]
+    def _record_run(self, g: int, n: int, rem: int, d0: int, inc: int, new_blocks: int) -> None:
+        """Note the last row, a plain decode run of ``n`` steps from step ``g`` (first step ``d0``, then
+        ``+ inc`` per step, 2^-16 ps, from a clock remainder ``rem``) that allocated ``new_blocks`` blocks:
+        its steps' durations are rebuilt at output (:meth:`_step_ends`), and its KV integral corrected for
+        the blocks allocated after its first step (:meth:`_kv_block_ps`)."""
+        if n > 1:
+            self.sub_runs += (len(self.rows) - 1, rem, d0, inc)
+            if new_blocks:
+                top = (1 - g) % self.bs + self.bs
+                self.kv_runs.append(len(self.rows) - 1)
+                self.kv_windows += self.cnt2[top - self.bs + 1: top + 1]
 
     def _trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
         """Record the ``n`` steps of a run from step ``g`` (``starts``: their start times in ps;
@@ -671,16 +704,16 @@ class Engine:
         """(tokens, drafts) aggregated decoder ``r`` schedules from step ``g``: plain decoding, 1 and 0."""
         return 1, 0
 
-    def _kv_block_ps(self, used: np.ndarray, duration: np.ndarray) -> np.ndarray:
+    def _kv_block_ps(self, used: np.ndarray, duration: np.ndarray, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
         """Each row's KV integral (blocks in use x step duration, summed over its steps; ps), int64 (R,).
 
-        ``used * duration`` (the rows' blocks in use at their end and durations, int64 (R,)), corrected for
+        ``used * duration`` (the rows' blocks in use at their end and durations, int64 (R,); ``steps``: their
+        numbers of steps, int64 (R,)), corrected for
         runs: speculative runs logged their correction (``kv_late``); in a plain decode run the blocks that
-        step ``i`` allocates
-        (``cnt[(1 - g - i) mod bs]``, periodic in ``i`` with period ``bs``, the window saved with the run) were
-        not in use before that step's start ``D_i = i d0 + inc i(i-1)/2``: subtract ``sum_i nb_i D_i``, each
-        residue's steps ``i = rho + bs t`` summed in closed form (sums of ``i`` and ``i^2`` over an
-        arithmetic progression). Exact in int64: every term is at most the row's integral, < 2**62.
+        step ``i`` allocates (``cnt[(1 - g - i) mod bs]``, periodic in ``i`` with period ``bs``, the window
+        saved with the run) were not in use before that step's start ``D_i`` (the end of step ``i - 1``,
+        ``ends``: every step's end after its row's start, ps, int64 (S,)): subtract ``sum_i nb_i D_i``.
+        Exact in int64: every term is at most the row's integral, < 2**62.
         """
         kv = used * duration
         for row, late in self.kv_late:
@@ -688,32 +721,44 @@ class Engine:
         if not self.kv_runs:
             return kv
         bs = self.bs
-        runs = np.fromiter(self.kv_runs, dtype=np.int64, count=len(self.kv_runs)).reshape(-1, 4)
+        runs = np.fromiter(self.kv_runs, dtype=np.int64, count=len(self.kv_runs))
         windows = np.fromiter(self.kv_windows, dtype=np.int64, count=len(self.kv_windows)).reshape(-1, bs)
         counts = windows[:, ::-1]  # column rho: the blocks each step i = rho (mod bs) of the run allocates
-        # Step i = rho + bs t (t < m) starts D_i = d0 i + inc i(i-1)/2 after the run: over t, sum i =
-        # m rho + bs T1 and sum i(i-1)/2 = m P(rho) + bs rho T1 + Q, with T1 = m(m-1)/2, T2 = sum t^2,
-        # Q = (bs^2 T2 - bs T1)/2 and P(rho) = rho(rho-1)/2; m = F + 1 for rho < n mod bs, else F = n // bs.
-        rho = np.arange(bs, dtype=np.int64)
-        basis = np.stack([np.ones(bs, dtype=np.int64), rho, rho * (rho - 1) // 2], axis=1)  # 1, rho, P(rho)
-        full, rem = np.divmod(runs[:, 1], bs)
-        total = counts @ basis  # (R, 3): sum of c, c rho, c P(rho) over all residues
-        low = (counts * (rho < rem[:, None])) @ basis  # the same over the residues with F + 1 steps
-        high = total - low
-
-        def coefficients(m):
-            t1 = m * (m - 1) // 2
-            q = (bs * bs * ((m - 1) * m * (2 * m - 1) // 6) - bs * t1) // 2
-            return m, bs * t1, q
-
-        late = 0
-        for part, m in ((low, full + 1), (high, full)):
-            steps, bs_t1, q = coefficients(m)
-            sum_i = steps * part[:, 1] + bs_t1 * part[:, 0]
-            sum_pairs = steps * part[:, 2] + bs_t1 * part[:, 1] + q * part[:, 0]
-            late = late + runs[:, 2] * sum_i + runs[:, 3] * sum_pairs
-        kv[runs[:, 0]] -= late
+        later = steps[runs] - 1  # each run's steps i >= 1 (every recorded run has two or more)
+        offsets = np.cumsum(later) - later
+        run = np.repeat(np.arange(runs.shape[0], dtype=np.int64), later)
+        i = np.arange(run.shape[0], dtype=np.int64) - offsets[run] + 1
+        first = np.cumsum(steps) - steps  # each row's first step in ``ends``
+        late = counts.ravel()[run * bs + i % bs] * ends[first[runs][run] + i - 1]
+        kv[runs] -= np.add.reduceat(late, offsets)
         return kv
+
+    def _step_ends(self, cols: np.ndarray) -> np.ndarray:
+        """Every step's end after the start of its row (ps), int64 (S,), S = sum of the rows' steps.
+
+        ``cols``: the rows' columns (13, R). A single step ends its row's duration after its start; step
+        ``j`` of a plain decode run (``sub_runs``: clock remainder ``rem``, first duration ``d0``, increment
+        ``inc``, 2^-16 ps) ends ``(rem + m d0 + inc m(m-1)/2) >> 16`` ps after, ``m = j + 1``, evaluated as
+        whole and sub-picosecond parts of ``d0`` and ``inc`` so that nothing overflows int64.
+        """
+        steps, duration = cols[1], cols[4]
+        row = np.repeat(np.arange(steps.shape[0], dtype=np.int64), steps)
+        m = np.arange(1, row.shape[0] + 1, dtype=np.int64) - np.repeat(np.cumsum(steps) - steps, steps)
+        tri = m * (m - 1) // 2
+        runs = np.fromiter(self.sub_runs, dtype=np.int64, count=len(self.sub_runs)).reshape(-1, 4)
+        rem = np.zeros_like(duration)
+        rem[runs[:, 0]] = runs[:, 1]
+        if int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS:  # every row's end fits int64 in 2^-16 ps
+            d0 = duration << SUBPS_BITS  # a single step: m = 1, T = 0, no remainder
+            inc = np.zeros_like(duration)
+            d0[runs[:, 0]], inc[runs[:, 0]] = runs[:, 2], runs[:, 3]
+            return (rem[row] + m * d0[row] + tri * inc[row]) >> SUBPS_BITS
+        whole_d0 = duration.copy()
+        part_d0, whole_inc, part_inc = np.zeros_like(duration), np.zeros_like(duration), np.zeros_like(duration)
+        whole_d0[runs[:, 0]], part_d0[runs[:, 0]] = runs[:, 2] >> SUBPS_BITS, runs[:, 2] & SUBPS_MASK
+        whole_inc[runs[:, 0]], part_inc[runs[:, 0]] = runs[:, 3] >> SUBPS_BITS, runs[:, 3] & SUBPS_MASK
+        return (m * whole_d0[row] + tri * whole_inc[row]
+                + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
 
     @staticmethod
     def _steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
@@ -827,8 +872,8 @@ class Engine:
                 prefill += n  # token of a recompute is the request's last sampled token, a decode token
             if c + n == P[r] + gen[r]:
                 logits += 1
-        d = self.st.step_ps(tokens, logits, kv, pairs, B + len(sched))
-        t1 = t0 + d
+        t1 = self._advance(self.st.step_subps(tokens, logits, kv, pairs, B + len(sched)))
+        d = t1 - t0
         used = self.total_blocks - free
         if self.tracer is not None:
             self._trace_mixed(t0, g, sched, used, nwait, 0)
@@ -868,10 +913,6 @@ class Engine:
         self.tracer.record(t0, row, used, nwait, k)
 
     # ------------------------------------------------------------------ results
-    def _exact_durations(self):
-        """Per-step durations (s) when rows are not arithmetic runs (speculation); None otherwise."""
-        return None
-
     def output(self) -> EngineOutput:
         """The engine's records as arrays in seconds (call after the SimPy run)."""
         if self.mode == "run" and (self.B or self.partial is not None):
@@ -897,8 +938,13 @@ class Engine:
             preemptions=np.asarray(self.npre, dtype=np.int64),
         )
 
-        rows = np.asarray(self.rows, dtype=np.int64).reshape(-1, 13)
+        rows = np.fromiter(chain.from_iterable(self.rows), dtype=np.int64, count=13 * len(self.rows)).reshape(-1, 13)
         cols = rows.T
+        ends = self._step_ends(cols)
+        # each step's duration: its end less the previous step's end within its row (a row starts at 0)
+        previous = np.zeros_like(ends)
+        previous[1:] = ends[:-1]
+        previous[np.cumsum(cols[1]) - cols[1]] = 0
         steps = StepLog(
             start_s=cols[0] / s,
             num_steps=cols[1].copy(),
@@ -914,8 +960,8 @@ class Engine:
             num_preempted=cols[11].copy(),
             k=cols[12].copy(),
             start_ps=cols[0].copy(),
-            kv_block_ps=self._kv_block_ps(cols[9], cols[4]),
-            durations_s=self._exact_durations(),
+            kv_block_ps=self._kv_block_ps(cols[9], cols[4], cols[1], ends),
+            durations_s=(ends - previous) / s,
         )
         return EngineOutput(
             requests=requests,

@@ -45,15 +45,19 @@ class RequestLog:
 class StepLog:
     """One row per engine step, or per run of consecutive decode steps of identical composition.
 
-    Within a row, step ``i`` (0-based) lasts ``first_step_s + i * step_increment_s`` seconds: the
-    batch is the same in every step of a run and only the contexts grow, so the KV-read term of the
-    step time grows by the same amount each step. Each field is a numpy array of length R (rows).
+    Within a row, step ``i`` (0-based) lasts ``first_step_s + i * step_increment_s`` seconds when
+    ``durations_s`` is absent (a log built by hand); the engine always gives ``durations_s``: its steps'
+    durations are exact in 2^-16 ps and seen on the picosecond clock (floored), so those of a run of
+    decode steps grow by the increment to within a picosecond (see :mod:`servesim.roofline`).
+    Each field is a numpy array of length R (rows).
 
     Attributes:
         start_s: float64, start of the first step of the row (s).
         num_steps: int64, steps in the row (>= 1).
         first_step_s: float64, duration of the first step (s).
-        step_increment_s: float64, duration added by each later step of the row (s).
+        step_increment_s: float64, duration added by each later step of the row (s): the step time's
+            increment rounded to the picosecond (plain decode runs) or the row's mean increment
+            (speculative runs), for display.
         duration_s: float64, total duration of the row (s).
         batch_size: int64, requests scheduled in each step.
         num_tokens: int64, tokens scheduled in each step (prefill chunks + decode tokens + drafts); in a run
@@ -71,9 +75,9 @@ class StepLog:
             its steps of the blocks in use at the step's end times the step's duration, exact; the engine
             splits a run whose integral would exceed 2**62.
         durations_s: optional float64 (S,), the exact duration of every individual step in row order
-            (S = sum of num_steps). Present when the steps of a run are not an arithmetic sequence
-            (speculative decoding: contexts grow by a random number of tokens per step); then
-            ``step_increment_s`` is the mean increment of the row, for display only.
+            (S = sum of num_steps), an integer of picoseconds each. Always present in an engine's output
+            (the picosecond clock floors each step's end; with speculative decoding contexts also grow by
+            a random number of tokens per step).
     """
 
     start_s: np.ndarray

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servesim.engine.core import KV_BLOCK_PS_MAX, Engine
-from servesim.roofline import PS_PER_S
+from servesim.roofline import SUBPS_BITS, SUBPS_MASK
 from servesim.speculation.costs import DrafterCost
 from servesim.speculation.schedule import KSchedule
 
@@ -91,6 +91,9 @@ class SpecSetup:
 SHORT_RUN = 24
 """Runs of at most this many decode steps are summed in plain Python (numpy's per-call cost dominates)."""
 
+SUBPS_SUM_MAX = 2**62
+"""Bound on a vector run's summed step durations (2^-16 ps, about 70 s): int64 with room for the remainder."""
+
 
 class SpecEngine(Engine):
     """The engine with speculative decoding (see the module docstring). Same arguments as
@@ -126,7 +129,7 @@ class SpecEngine(Engine):
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self.accepted_per_pos = [0] * self.K
-        self.dur_chunks: list = []  # exact per-step durations (ps), in row order
+        self.end_chunks: list = []  # per row, its steps' ends after the row's start (ps), in row order
         self.mean_len = float(spec.profile.mean_acceptance_length(self.K))
         self.p_fixed = np.cumprod(spec.profile.conditional_rates(self.K))[None, :]
         # run mode: per-step sums over the aggregated decoders' timelines (see _join)
@@ -302,8 +305,9 @@ class SpecEngine(Engine):
                     logits += 1
                     nsamp += 1
         k_new = self._k_new(len(sched))
-        d_step = self.st.step_ps(tokens, logits, kv, pairs, len(sched)) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
-        t1 = t0 + d_step
+        t1 = self._advance(self.st.step_subps(tokens, logits, kv, pairs, len(sched))
+                           + self.spec.drafter.step_subps(tokens, nsamp, k_new, kv))
+        d_step = t1 - t0
         used = self.total_blocks - free
         if self.tracer is not None:
             self.tracer.record(t0, ((r, n, d) for r, n, d, _ in sched), used, nwait, k_new)
@@ -339,7 +343,7 @@ class SpecEngine(Engine):
         self.now = t1
         self.G += 1
         self.rows.append((t0, 1, d_step, 0, d_step, len(sched), tokens, prefill, itl, used, nwait, preempted, k_step))
-        self.dur_chunks.append(d_step)
+        self.end_chunks.append(d_step)
 
     # ------------------------------------------------------------------ run mode: decoder timelines
     # A decoding request's future is fixed once k is: its acceptance table gives, round by round, the
@@ -590,7 +594,7 @@ class SpecEngine(Engine):
         vals = tab[tok]
         if (vals < 0).any():
             for t in np.unique(tok[vals < 0]).tolist():
-                tab[t] = self.st.tokens_ps(t, t)
+                tab[t] = self.st.tokens_subps(t, t)
             vals = tab[tok]
         return vals
 
@@ -657,14 +661,14 @@ class SpecEngine(Engine):
         if n > 4096:
             n = 4096
         st, dr = self.st, self.spec.drafter
-        kd = dr.kv_ps_per_draft_token * k_new
+        kd = dr.kv_subps_per_draft_token * k_new
         t_lim = self.arrivals.next_time()  # every arrival ends the run (the queue is recorded at step level)
         if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
             t_lim = self.max_time_ps
         if t_lim is not None and n > 1:
             # step times only grow within a run (contexts grow), so the first step's time bounds how many
             # steps can pass before t_lim: evaluate no more than that
-            d_first = st.base_ps(B, B, B) + (st.kv_ps_per_token + kd) * int(self.NCB[g])
+            d_first = (st.base_subps(B, B, B) + (st.kv_subps_per_token + kd) * int(self.NCB[g])) >> SUBPS_BITS
             n = min(n, (t_lim - t0) // max(d_first, 1) + 2)
         if n <= SHORT_RUN and not self.var_q:
             self._short_run(g, B, n, t_lim, k_step, k_new, kd)
@@ -688,43 +692,53 @@ class SpecEngine(Engine):
                     end = g + n
                     ncb, tok = ncb[:n], tok[:n]
             ctx = ncb + tok
-            d = self._base_vec(tok) + st.request_ps_per_request * B + (st.kv_ps_per_token + kd) * ctx + st.attn_ps_per_pair * (self.QNCB[g:end] + self.QQ[g:end])
+            d = (self._base_vec(tok) + st.request_subps_per_request * B + (st.kv_subps_per_token + kd) * ctx
+                 + st.attn_subps_per_pair * (self.QNCB[g:end] + self.QQ[g:end]))
             if k_new > 0:
-                d += np.array([dr.const_ps(t, B, k_new) for t in tok.tolist()], dtype=np.int64)
+                d += np.array([dr.const_subps(t, B, k_new) for t in tok.tolist()], dtype=np.int64)
             tok0 = int(tok[0])
+            longest = int(d.max())
         else:
             q = self.width[k_step] + 1
             tok0 = B * q
-            const = (st.base_ps(tok0, tok0, B) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
-                     + dr.const_ps(tok0, B, k_new))
-            d = (st.kv_ps_per_token + kd + st.attn_ps_per_pair * q) * ncb + const
-        ends = np.cumsum(d)
-        ends += t0
-        if t_lim is not None and ends[n - 1] >= t_lim:
-            n = int(np.searchsorted(ends, t_lim, side="left")) + 1
+            const = (st.base_subps(tok0, tok0, B) + (st.kv_subps_per_token + kd) * tok0
+                     + st.attn_subps_per_pair * B * (q * (q + 1) // 2) + dr.const_subps(tok0, B, k_new))
+            d = (st.kv_subps_per_token + kd + st.attn_subps_per_pair * q) * ncb + const
+            longest = int(d[n - 1])  # contexts only grow within a run
+        if longest * n >= SUBPS_SUM_MAX:  # keep the run's sum (2^-16 ps) within int64
+            n = max(1, SUBPS_SUM_MAX // longest)
+        # the steps' ends after t0 in 2^-16 ps from the clock's remainder, then on the ps clock
+        fine = np.cumsum(d[:n])
+        fine += self.clock_subps
+        ends = fine >> SUBPS_BITS
+        if t_lim is not None and ends[n - 1] >= t_lim - t0:
+            n = int(np.searchsorted(ends, t_lim - t0, side="left")) + 1
         cnb = np.cumsum(self.NB[g:g + n])
         if cnb[n - 1] > self.free:
             n = int(np.searchsorted(cnb, self.free, side="right"))
         used_before = self.total_blocks - self.free
-        if (used_before + int(cnb[n - 1])) * (int(ends[n - 1]) - t0) >= KV_BLOCK_PS_MAX:
+        dur = int(ends[n - 1])
+        if (used_before + int(cnb[n - 1])) * dur >= KV_BLOCK_PS_MAX:
             span = KV_BLOCK_PS_MAX // (used_before + int(cnb[n - 1]))
-            n = max(1, int(np.searchsorted(ends[:n] - t0, span, side="left")))
-        t1 = int(ends[n - 1])
-        dur = t1 - t0
+            n = max(1, int(np.searchsorted(ends[:n], span, side="left")))
+            dur = int(ends[n - 1])
+        t1 = t0 + dur
+        self.clock_subps = int(fine[n - 1]) & SUBPS_MASK
         if self.tracer is not None:
-            self._trace_run(g, n, [t0] + ends[:n - 1].tolist(), cnb[:n].tolist(), k_new)
+            self._trace_run(g, n, [t0] + (ends[:n - 1] + t0).tolist(), cnb[:n].tolist(), k_new)
         self.free -= int(cnb[n - 1])
         used = self.total_blocks - self.free
         # blocks in use at the end of step j: used_before + cnb[j]; the row's integral is used * dur less
-        # (cnb[n-1] - cnb[j]) * d_j over its steps (every term < KV_BLOCK_PS_MAX: no overflow)
-        late = int(cnb[n - 1]) * dur - int(np.dot(d[:n], cnb[:n]))
+        # the blocks of step i (i >= 1) over the steps before it, nb_i x (end of step i - 1) (every term
+        # < KV_BLOCK_PS_MAX: no overflow)
+        late = int(np.dot(self.NB[g + 1:g + n], ends[:n - 1])) if n > 1 else 0
         if late:
             self.kv_late.append((len(self.rows), late))
-        d0 = int(d[0])
+        d0 = int(ends[0])
         itl = B - self._flush_stale(t0 + d0)
-        inc = (int(d[n - 1]) - d0) // (n - 1) if n > 1 else 0
+        inc = (dur - int(ends[n - 2]) - d0) // (n - 1) if n > 1 else 0
         self.rows.append((t0, n, d0, inc, dur, B, tok0, 0, itl, used, len(self.waiting), 0, k_step))
-        self.dur_chunks.append(d[:n])
+        self.end_chunks.append(ends[:n])
         self.now = t1
         self.G = g + n
         self.k_next = k_new
@@ -739,41 +753,44 @@ class SpecEngine(Engine):
         t0 = self.now
         q = self.width[k_step] + 1
         tok0 = B * q
-        const = (st.base_ps(tok0, tok0, B) + (st.kv_ps_per_token + kd) * tok0 + st.attn_ps_per_pair * B * (q * (q + 1) // 2)
-                 + dr.const_ps(tok0, B, k_new))
-        slope = st.kv_ps_per_token + kd + st.attn_ps_per_pair * q
+        const = (st.base_subps(tok0, tok0, B) + (st.kv_subps_per_token + kd) * tok0
+                 + st.attn_subps_per_pair * B * (q * (q + 1) // 2) + dr.const_subps(tok0, B, k_new))
+        slope = st.kv_subps_per_token + kd + st.attn_subps_per_pair * q
         ncb = self.NCB[g:g + n].tolist()
         nb = self.NB[g:g + n].tolist()
         free, t, m = self.free, t0, 0
-        durations = []
+        fine = self.clock_subps  # the clock's remainder below t (2^-16 ps)
+        ends = []
         kv_ps = 0
         total = self.total_blocks
         for i in range(n):
             if nb[i] > free:  # this step's block allocation would fail: the run ends before it
                 break
-            d = const + slope * ncb[i]
+            step = fine + const + slope * ncb[i]
+            d = step >> SUBPS_BITS  # the step's duration on the ps clock
             step_kv = (total - free + nb[i]) * d
             if m and kv_ps + step_kv >= KV_BLOCK_PS_MAX:  # keep the row's KV integral within int64
                 break
+            fine = step & SUBPS_MASK
             free -= nb[i]
-            durations.append(d)
             kv_ps += step_kv
             t += d
+            ends.append(t - t0)
             m += 1
             if t_lim is not None and t >= t_lim:
                 break
+        self.clock_subps = fine
         if self.tracer is not None:
-            starts = [t0 + sum(durations[:j]) for j in range(m)]
-            self._trace_run(g, m, starts, [sum(nb[:j + 1]) for j in range(m)], k_new)
+            self._trace_run(g, m, [t0] + [t0 + e for e in ends[:-1]], [sum(nb[:j + 1]) for j in range(m)], k_new)
         self.free = free
         if kv_ps != (total - free) * (t - t0):
             self.kv_late.append((len(self.rows), (total - free) * (t - t0) - kv_ps))
         used = self.total_blocks - free
-        d0 = durations[0]
+        d0 = ends[0]
         itl = B - self._flush_stale(t0 + d0)
-        inc = (durations[-1] - d0) // (m - 1) if m > 1 else 0
+        inc = (ends[-1] - ends[-2] - d0) // (m - 1) if m > 1 else 0
         self.rows.append((t0, m, d0, inc, t - t0, B, tok0, 0, itl, used, len(self.waiting), 0, k_step))
-        self.dur_chunks.append(durations)
+        self.end_chunks.append(ends)
         self.now = t
         self.G = g + m
         self.k_next = k_new
@@ -861,8 +878,9 @@ class SpecEngine(Engine):
                 nsamp += 1
         batch = B + len(sched) + (len(zombies) if zombies else 0)
         k_new = self._k_new(batch)
-        d = self.st.step_ps(tokens, logits, kv, pairs, batch) + self.spec.drafter.step_ps(tokens, nsamp, k_new, kv)
-        t1 = t0 + d
+        t1 = self._advance(self.st.step_subps(tokens, logits, kv, pairs, batch)
+                           + self.spec.drafter.step_subps(tokens, nsamp, k_new, kv))
+        d = t1 - t0
         used = self.total_blocks - free
         if self.tracer is not None:
             self._trace_mixed(t0, g, sched, used, nwait, k_new, zombies)
@@ -889,7 +907,7 @@ class SpecEngine(Engine):
         self.partial = mids[-1] if mids else None
         self.multi_partial = len(mids) > 1
         self.rows.append((t0, 1, d, 0, d, batch, tokens, prefill, itl, used, nwait, preempted, k_step))
-        self.dur_chunks.append(d)
+        self.end_chunks.append(d)
 
     def output(self):
         if self.mode == "run" and (self.tl or self.partial is not None):
@@ -904,8 +922,7 @@ class SpecEngine(Engine):
         }
         return out
 
-    def _exact_durations(self):
-        parts = [np.atleast_1d(np.asarray(c, dtype=np.int64)) for c in self.dur_chunks]
-        if not parts:
-            return np.zeros(0)
-        return np.concatenate(parts) / float(PS_PER_S)
+    def _step_ends(self, cols: np.ndarray) -> np.ndarray:  # type: ignore[override]
+        """Every step's end after the start of its row (ps), int64 (S,): recorded row by row."""
+        parts = [np.atleast_1d(np.asarray(c, dtype=np.int64)) for c in self.end_chunks]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)

@@ -20,7 +20,8 @@ The drafter runs in the same engine step, after the target's forward pass and re
 * The seed lesson's simple mode (``draft_cost = c``): ``k * c * t_target_decode(n requests)``, where the
   target decode step is the context-free part of a plain decode step of the same batch (Example 12).
 
-All times are integer picoseconds so that runs of steps stay exact (see :mod:`servesim.roofline`).
+All times are integers of 2^-16 ps (sub-picoseconds) so that runs of steps stay exact (see
+:mod:`servesim.roofline`).
 """
 
 from __future__ import annotations
@@ -28,55 +29,57 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from servesim.roofline import PS_PER_S, StepTimeModel, build_step_time_model
+from servesim.roofline import SUBPS_PER_S, StepTimeModel, build_step_time_model, subps_coefficient
 
 
 @dataclass
 class DrafterCost:
-    """Per-step drafting time (integer ps) and the drafter's memory footprint.
+    """Per-step drafting time (integer 2^-16 ps) and the drafter's memory footprint.
 
     Attributes:
         kind: ``"model"`` (roofline of a drafter), ``"simple"`` (c x target step) or ``"cpu"`` (n-gram).
         weight_bytes_per_gpu: drafter weights stored on each GPU (bytes; lm_head shared with the target
             is not counted twice).
         kv_bytes_per_token_per_gpu: drafter KV bytes per token per GPU, stored in the same block pool.
-        kv_ps_per_draft_token: ps per context token per drafter pass (0 for "simple" and "cpu").
+        kv_subps_per_draft_token: 2^-16 ps per context token per drafter pass (0 for "simple" and "cpu").
+        cpu_subps_per_request: n-gram proposer time per request (2^-16 ps).
+        pass_overhead_subps: ``draft_pass_overhead_s`` per drafter pass (2^-16 ps).
     """
 
     kind: str
     weight_bytes_per_gpu: float = 0.0
     kv_bytes_per_token_per_gpu: float = 0.0
-    kv_ps_per_draft_token: int = 0
+    kv_subps_per_draft_token: int = 0
     draft_model: StepTimeModel | None = None
     target: StepTimeModel | None = None
     c: float = 0.0
-    cpu_ps_per_request: int = 0
-    pass_overhead_ps: int = 0
+    cpu_subps_per_request: int = 0
+    pass_overhead_subps: int = 0
     _cache: dict = field(default_factory=dict, repr=False)
 
-    def const_ps(self, num_tokens: int, num_requests: int, k: int) -> int:
-        """Context-independent drafting time of a step (ps) proposing ``k`` tokens for ``num_requests``."""
+    def const_subps(self, num_tokens: int, num_requests: int, k: int) -> int:
+        """Context-independent drafting time of a step (2^-16 ps) proposing ``k`` tokens for ``num_requests``."""
         if k <= 0 or num_requests <= 0:
             return 0
         key = (num_tokens, num_requests, k)
         v = self._cache.get(key)
         if v is None:
             if self.kind == "cpu":
-                v = num_requests * self.cpu_ps_per_request
+                v = num_requests * self.cpu_subps_per_request
             elif self.kind == "simple":
-                v = k * round(self.c * self.target.base_ps(num_requests, num_requests, num_requests))
+                v = k * round(self.c * self.target.base_subps(num_requests, num_requests, num_requests))
             else:
                 d = self.draft_model
-                v = (d.base_ps(num_tokens, num_requests, 0) + (k - 1) * d.base_ps(num_requests, num_requests, 0)
-                     + k * self.pass_overhead_ps)
+                v = (d.base_subps(num_tokens, num_requests, 0) + (k - 1) * d.base_subps(num_requests, num_requests, 0)
+                     + k * self.pass_overhead_subps)
             self._cache[key] = v
         return v
 
-    def step_ps(self, num_tokens: int, num_requests: int, k: int, ctx_tokens: int) -> int:
-        """Drafting time of one step (ps); ``ctx_tokens`` = sum of the requests' attended contexts."""
+    def step_subps(self, num_tokens: int, num_requests: int, k: int, ctx_tokens: int) -> int:
+        """Drafting time of one step (2^-16 ps); ``ctx_tokens`` = sum of the requests' attended contexts."""
         if k <= 0 or num_requests <= 0:
             return 0
-        return self.const_ps(num_tokens, num_requests, k) + k * self.kv_ps_per_draft_token * ctx_tokens
+        return self.const_subps(num_tokens, num_requests, k) + k * self.kv_subps_per_draft_token * ctx_tokens
 
 
 def head_card(target) -> dict:
@@ -120,7 +123,7 @@ def build_drafter(spec, hardware, target, tensor_parallel_size: int, mode: str, 
     if spec.draft_cost is not None:
         return DrafterCost(kind="simple", target=target_step, c=float(spec.draft_cost))
     if spec.method in ("ngram", "suffix"):
-        return DrafterCost(kind="cpu", cpu_ps_per_request=round(spec.ngram_cpu_s_per_request * PS_PER_S))
+        return DrafterCost(kind="cpu", cpu_subps_per_request=subps_coefficient(spec.ngram_cpu_s_per_request * SUBPS_PER_S)[0])
     from servesim.cards import load_model
 
     tp = int(spec.draft_tensor_parallel_size or tensor_parallel_size)
@@ -142,7 +145,7 @@ def build_drafter(spec, hardware, target, tensor_parallel_size: int, mode: str, 
         kind="model",
         weight_bytes_per_gpu=weights,
         kv_bytes_per_token_per_gpu=float(card.kv_bytes_per_token) / tp,
-        kv_ps_per_draft_token=model.kv_ps_per_token,
+        kv_subps_per_draft_token=model.kv_subps_per_token,
         draft_model=model,
-        pass_overhead_ps=0 if mode == "ideal" else round(spec.draft_pass_overhead_s * PS_PER_S),
+        pass_overhead_subps=0 if mode == "ideal" else round(spec.draft_pass_overhead_s * SUBPS_PER_S),
     )
