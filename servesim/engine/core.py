@@ -44,6 +44,7 @@ from collections import deque
 import numpy as np
 
 from servesim.engine.arrivals import ArrivalSource
+from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, StepTimeModel
@@ -71,6 +72,9 @@ class Engine:
             scheduled before this step's output is processed, so a request that finishes in a step keeps
             its blocks and its place in the running list while the next step is scheduled.
         max_time_s: stop the simulation at the first step boundary at or after this time (s); None = never.
+        enable_prefix_caching: vLLM's automatic prefix caching (:mod:`servesim.engine.block_manager`).
+        content: the requests' :class:`~servesim.workload.content.SequenceContent` for prefix caching
+            (None = no two requests share content; a preempted request still hits its own blocks).
 
     Raises:
         ValueError: a request has no prompt or no output token (``prompt_tokens`` or ``output_tokens`` <
@@ -93,6 +97,8 @@ class Engine:
         mode: str = "run",
         max_time_s: float | None = None,
         async_scheduling: bool = False,
+        enable_prefix_caching: bool = False,
+        content=None,
     ) -> None:
         if mode not in ("run", "step"):
             raise ValueError(f"unknown engine mode {mode!r} (expected 'run' or 'step')")
@@ -160,6 +166,12 @@ class Engine:
         self.running: dict[int, None] = {}  # admission order
         self.waiting: deque[int] = deque()
         self.free = self.total_blocks
+        # the KV block manager (vLLM's block pool); ``self.free`` mirrors its free-block count, decremented
+        # by allocations, which the manager applies at its next call (BlockManager.sync)
+        self.prefix_caching = bool(enable_prefix_caching)
+        self.kv = BlockManager(self.total_blocks + 1, bs, self.prefix_caching, content, self._use_eagle())
+        self.num_cached_tokens = [-1] * n  # vLLM Request.num_cached_tokens: the hit at first scheduling
+        self.prefix_cache_stats = PrefixCacheStats()
         self.now = 0
         self.G = 0  # index of the next engine step
         self.finished = 0
@@ -241,23 +253,40 @@ class Engine:
         waiting, P, gen, blk, bs = self.waiting, self.P, self.gen, self.blk, self.bs
         running, first_sched = self.running, self.first_sched
         ds = self.draft_slots
+        caching = self.prefix_caching
+        hit = None
+        hit_tokens = extra = 0
         while waiting and budget > ds and nrun < self.max_seqs:
             r = waiting[0]
             total = P[r] + gen[r]
-            if -(-total // bs) > free:  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
+            if caching:
+                hit = self.kv.lookup(r, total, free)
+                hit_tokens = hit.num_blocks * bs
+                extra = hit.num_evictable - hit.num_blocks  # hit blocks in the free queue cost free blocks
+            if -(-total // bs) + extra > free:  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
                 break
-            n = total if total < budget - ds else budget - ds
-            if n < total and not self.chunked:
+            left = total - hit_tokens
+            n = left if left < budget - ds else budget - ds
+            if n < left and not self.chunked:
                 break
             if self.prefill_lookahead > 1:
-                n = self._reserve_prefill_lookahead(total, 0, n)
+                n = self._reserve_prefill_lookahead(total, hit_tokens, n)
                 if not n:
                     break
-            need = -(-(n + lookahead) // bs)  # the first chunk and the lookahead slots
+            need = -(-(hit_tokens + n + lookahead) // bs) + extra  # the first chunk and the lookahead slots
             if need > free:
                 break
             free -= need
-            blk[r] = need
+            blk[r] = need - extra
+            if caching:
+                self.kv.touch(r, hit)
+                self.kv.cache(r, hit_tokens + n)
+                self.nc[r] = hit_tokens
+                self.prefix_cache_stats.record(total, hit_tokens, self.npre[r] > 0)
+                if self.tracer is not None:
+                    self.tracer.record_hit(r, total, hit_tokens, self.npre[r] > 0)
+            if self.num_cached_tokens[r] < 0:
+                self.num_cached_tokens[r] = hit_tokens
             waiting.popleft()
             running[r] = None
             nrun += 1
@@ -298,6 +327,7 @@ class Engine:
         preempted = 0
         while need - self.blk[r] > free:
             victim = order.pop()
+            self.free = free  # the pool as the victim's blocks return to it
             free += self._preempt(victim)
             preempted += 1
             if victim == r:
@@ -313,7 +343,10 @@ class Engine:
         finished, under async scheduling, is not queued again: its output removes it from the queue before
         the next step.)"""
         del self.running[victim]
-        freed = self.blk[victim]
+        if self.prefix_caching:
+            freed = self.kv.free(victim, self.blk[victim], self.nc[victim], self.free)
+        else:
+            freed = self.blk[victim]
         self.blk[victim] = 0
         self.nc[victim] = 0
         self.npre[victim] += 1
@@ -362,8 +395,7 @@ class Engine:
         if self.async_sched:
             self.finishing[r] = sure
             return
-        self.free += self.blk[r]
-        self.blk[r] = 0
+        self._free_blocks(r)
         del self.running[r]
 
     def _release_finishing(self) -> None:
@@ -372,13 +404,37 @@ class Engine:
         run (they count against ``max_num_seqs``, hold their blocks and can be preemption victims) while
         step ``n + 1`` is scheduled; processing step ``n``'s output then frees them. Called after each
         step's scheduling."""
-        running, blk = self.running, self.blk
+        running = self.running
         for r in self.finishing:
             if r in running:
                 del running[r]
-                self.free += blk[r]
-                blk[r] = 0
+                self._free_blocks(r)
         self.finishing = {}
+
+    def _free_blocks(self, r: int) -> None:
+        """Running request ``r`` finished: its blocks return to the pool (its computed tokens are its
+        cached ones: vLLM caches ``num_computed + num_new`` tokens when it schedules them)."""
+        if self.prefix_caching:
+            self.free += self.kv.free(r, self.blk[r], self.nc[r], self.free)
+        else:
+            self.free += self.blk[r]
+        self.blk[r] = 0
+
+    def _cache_scheduled(self, g: int, sched: list) -> None:
+        """Cache the newly full shareable blocks of the running requests scheduled in step ``g`` so far
+        (vLLM ``cache_blocks`` in ``allocate_slots``), before waiting requests are looked up: ``sched``'s
+        chunks (``num_computed + num_new`` tokens) and the aggregated decoders (``a_r + g``)."""
+        chunks = dict(sched)
+        nc, a, fing = self.nc, self.a, self.fing
+        for r in list(self.kv.lagging):
+            if r in chunks:
+                self.kv.cache(r, nc[r] + chunks[r])
+            elif fing[r] >= 0:
+                self.kv.cache(r, a[r] + g)
+
+    def _use_eagle(self) -> bool:
+        """Whether hits drop their last block (vLLM ``use_eagle``: EAGLE-family drafters); plain: no."""
+        return False
 
     # ------------------------------------------------------------------ the plain step (step mode)
     def _explicit_step(self) -> None:
@@ -409,6 +465,8 @@ class Engine:
             sched.append((r, n))
             budget -= n
             idx += 1
+        if self.kv.lagging:
+            self._cache_scheduled(self.G, sched)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(running), sched)
         self.free = free
@@ -478,6 +536,8 @@ class Engine:
         self.gen[r] = self.e0[r] + (g - self.g0[r])
         blocks = -(-c // self.bs)
         self.blk[r] = blocks
+        if self.kv.lagging and r in self.kv.lagging:
+            self.kv.cache(r, c)
         return blocks
 
     def _materialize(self) -> None:
@@ -587,7 +647,15 @@ class Engine:
             return True
         h = waiting[0]
         total = self.P[h] + self.gen[h]
-        return -(-total // self.bs) > free or (not self.chunked and total > budget)
+        if not self.prefix_caching:
+            return -(-total // self.bs) > free or (not self.chunked and total > budget)
+        if self.kv.lagging:
+            # running requests are still filling blocks the head might hit: no run (a run needs the head
+            # to stay blocked; without such blocks it does: free blocks and hits only shrink in a run)
+            return False
+        hit = self.kv.lookup(h, total, free)
+        return (-(-total // self.bs) + hit.num_evictable - hit.num_blocks > free
+                or (not self.chunked and total - hit.num_blocks * self.bs > budget))
 
     def _decode_run(self, g: int, B: int) -> None:
         """A run of decode-only steps up to the next event, in O(1)."""
@@ -759,28 +827,32 @@ class Engine:
         """
         now = self.now
         free = self.free
-        victims = []
+        preempted = 0
         p = self.partial
         if p is not None and (nb > free or (p_scheduled and nb + need_p > free)):
-            victims.append(p)
-            free += self.blk[p]
+            if self.prefix_caching and nb <= free:
+                self.kv.sync(free - nb)  # the decoders allocated before the partial prefill failed to
             self.partial = None
             p_scheduled = False
+            free += self._preempt(p)
+            preempted += 1
         if nb > free:
-            for v in reversed(self.running):
+            # Step mode frees each victim when the pool is empty, so every block free before it is taken
+            # first; freeing the victims before the decoders' allocations leaves the same queue.
+            for v in list(reversed(self.running)):
                 if v == p:
                     continue
                 last = self.stale.pop(v, now)
                 nb -= self._need_at(v, g)
-                free += self._leave(v, g)
+                self._leave(v, g)
                 self.last_emit[v] = last
-                victims.append(v)
+                self.free = free
+                free += self._preempt(v)
+                preempted += 1
                 if nb <= free:
                     break
-        for v in victims:  # their blocks are already counted in ``free``
-            self._preempt(v)
         self.free = free
-        return len(victims), nb, p_scheduled
+        return preempted, nb, p_scheduled
 
     def _mixed_step(self, g: int, budget: int, nb: int) -> None:
         """One step: aggregated decoders plus the partial prefill and admissions, O(touched requests)."""
@@ -808,6 +880,8 @@ class Engine:
             budget = self.M - B - n_p
         else:
             budget = self.M - B
+        if self.kv.lagging:
+            self._cache_scheduled(g, sched)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched)
         self.free = free
