@@ -317,6 +317,8 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
             max_num_batched_tokens=p.max_num_batched_tokens,
             enable_chunked_prefill=e.enable_chunked_prefill,
             async_scheduling=p.async_scheduling,
+            enable_prefix_caching=e.enable_prefix_caching and p.spec is None,
+            content=p.workload.content if prompt_tokens is None else None,
             mode=p.cfg.simulation.mode,
             max_time_s=p.cfg.simulation.max_time_s,
         )

@@ -38,6 +38,7 @@ Two modes produce the same result, bit for bit (all times are integer picosecond
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import deque
 
@@ -649,6 +650,8 @@ class Engine:
         total = self.P[h] + self.gen[h]
         if not self.prefix_caching:
             return -(-total // self.bs) > free or (not self.chunked and total > budget)
+        if free < 0:
+            return True
         if self.kv.lagging:
             # running requests are still filling blocks the head might hit: no run (a run needs the head
             # to stay blocked; without such blocks it does: free blocks and hits only shrink in a run)
@@ -969,6 +972,7 @@ class Engine:
             first_token_s=secs(self.first_tok),
             finish_s=secs(self.fin),
             preemptions=np.asarray(self.npre, dtype=np.int64),
+            num_cached_tokens=np.maximum(np.asarray(self.num_cached_tokens, dtype=np.int64), 0),
         )
 
         rows = np.asarray(self.rows, dtype=np.int64).reshape(-1, 13)
@@ -998,4 +1002,5 @@ class Engine:
             kv_blocks_total=self.total_blocks,
             block_size=self.bs,
             end_s=self.now / s,
+            prefix_cache=dataclasses.asdict(self.prefix_cache_stats) if self.prefix_caching else {},
         )
