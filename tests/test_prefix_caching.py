@@ -158,6 +158,21 @@ def test_free_queue_lru_order_uncached_to_the_front_and_the_null_block():
     assert manager.lookup(1, 9, 1).num_blocks == 1
 
 
+def test_shared_blocks_are_freed_in_reverse_order():
+    """Explicit (shareable) blocks: request 0's two system-prompt blocks go to the free queue last block
+    first, so one pop past the uncached blocks evicts its block 1 and request 1 (same system prompt) still
+    hits block 0."""
+    rows = [[(SYSTEM, 8), (out(0), 1)], [(SYSTEM, 8), (msg(1), 4), (out(1), 1)]]
+    manager = BlockManager(4, 4, True, content_of(rows))  # 3 usable blocks
+    manager.sync(1)  # request 0 allocates 2 blocks
+    manager.cache(0, 8)
+    assert manager.free(0, 2, 8, 1) == 2
+    assert manager.lookup(1, 12, 3).num_blocks == 2
+    manager.sync(1)  # the uncached block, then request 0's block 1
+    hit = manager.lookup(1, 12, 1)
+    assert (hit.num_blocks, hit.num_evictable) == (1, 1)
+
+
 def test_eagle_drops_the_last_matched_block():
     """With an EAGLE-family drafter the hit is one block shorter (vLLM ``drop_eagle_block``)."""
     for use_eagle, want in ((False, 2), (True, 1)):
