@@ -78,6 +78,30 @@ def test_preempted_request_rehits_its_own_blocks_not_evicted_yet(mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_preempted_request_rehits_the_blocks_its_decode_tokens_filled(mode):
+    """5 usable blocks. A: 8 + 4 tokens (3 blocks from step 1, finishes after step 3); B: 6 + 8. Step 3:
+    B's 9th token needs a third block, none is free: B is preempted with 8 computed tokens, so its block 1
+    (prompt tokens 4-5 and its first two output tokens) is cached too. A's blocks return after step 3;
+    step 4 re-admits B (9 known tokens): hit (9 - 1) // 4 = 2 blocks = 8 tokens, 1 token computed."""
+    e = run([8, 6], [4, 8], [0, 0], mode, kv_blocks=6)
+    assert trace(e)[:5] == [([(0, 8), (1, 6)], [], 4, [(0, 0), (1, 0)]), ([(0, 1), (1, 1)], [], 5, []),
+                            ([(0, 1), (1, 1)], [], 5, []), ([(0, 1)], [1], 3, []), ([(1, 1)], [], 3, [(1, 8)])]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_running_request_caches_decode_blocks_as_they_fill(mode):
+    """Turn 1: message m0 (3 tokens), output o0 (10). At step 4 it schedules its 5th output token (8
+    known tokens): blocks 0 and 1 are cached, while it still decodes. Turn 2 arrives during step 4 (open
+    loop) with m0, o0's first 5 tokens and m1 (2): 10 tokens, hit (10 - 1) // 4 = 2 blocks, held by turn 1
+    (so they cost no free block), admitted in step 5."""
+    rows = [[(msg(0), 3), (out(0), 10)], [(msg(0), 3), (out(0), 5), (msg(1), 2), (out(1), 1)]]
+    e = run([3, 10], [10, 1], [0, 0.045], mode, content=content_of(rows))
+    assert e.tracer.steps[5].new_computed == [(1, 8)]
+    assert e.tracer.steps[5].scheduled == [(0, 1, 0), (1, 2, 0)]
+    assert e.tracer.steps[5].kv_blocks_used == 2 + 1  # turn 1's 2 blocks, shared, and turn 2's third
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_hit_is_capped_at_num_tokens_minus_one_and_block_aligned(mode):
     """A: system prompt of 8 tokens + 1 output. B (after A finished) has exactly that 8-token prompt:
     both its blocks are cached, but the hit stops at (8 - 1) // 4 = 1 block (4 tokens, not 7 nor 8).
