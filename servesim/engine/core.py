@@ -172,6 +172,11 @@ class Engine:
         self.prefix_caching = bool(enable_prefix_caching)
         self.kv = BlockManager(self.total_blocks + 1, bs, self.prefix_caching, content, self._use_eagle())
         self.num_cached_tokens = [-1] * n  # vLLM Request.num_cached_tokens: the hit at first scheduling
+        # tokens of each request's blocks cached at its last scheduling (vLLM cache_blocks: num_computed +
+        # num_new, capped at the tokens known then, which under async scheduling exclude the token still in
+        # flight from the step before); for aggregated decoders written at _leave
+        self.kv_cached_tokens = [0] * n
+        self.stale_joins: dict[int, int] = {}  # run mode: decoder -> step it joined the aggregate at, stale
         self.prefix_cache_stats = PrefixCacheStats()
         self.now = 0
         self.G = 0  # index of the next engine step
@@ -281,8 +286,9 @@ class Engine:
             blk[r] = need - extra
             if caching:
                 self.kv.touch(r, hit)
-                self.kv.cache(r, hit_tokens + n)
                 self.nc[r] = hit_tokens
+                self._note_scheduled(r, n, t0)
+                self.kv.cache(r, self.kv_cached_tokens[r])
                 self.prefix_cache_stats.record(total, hit_tokens, self.npre[r] > 0)
                 if self.tracer is not None:
                     self.tracer.record_hit(r, total, hit_tokens, self.npre[r] > 0)
@@ -345,7 +351,7 @@ class Engine:
         the next step.)"""
         del self.running[victim]
         if self.prefix_caching:
-            freed = self.kv.free(victim, self.blk[victim], self.nc[victim], self.free)
+            freed = self.kv.free(victim, self.blk[victim], self.kv_cached_tokens[victim], self.free)
         else:
             freed = self.blk[victim]
         self.blk[victim] = 0
@@ -413,25 +419,43 @@ class Engine:
         self.finishing = {}
 
     def _free_blocks(self, r: int) -> None:
-        """Running request ``r`` finished: its blocks return to the pool (its computed tokens are its
-        cached ones: vLLM caches ``num_computed + num_new`` tokens when it schedules them)."""
+        """Running request ``r`` finished: its blocks return to the pool."""
         if self.prefix_caching:
-            self.free += self.kv.free(r, self.blk[r], self.nc[r], self.free)
+            self.free += self.kv.free(r, self.blk[r], self.kv_cached_tokens[r], self.free)
         else:
             self.free += self.blk[r]
         self.blk[r] = 0
 
+    def _note_scheduled(self, r: int, n: int, t0: int) -> None:
+        """Request ``r`` is scheduled ``n`` tokens in the step starting at ``t0``: the tokens its blocks
+        now cache (vLLM ``allocate_slots``: ``min(num_computed + num_new, num_tokens)``; under async
+        scheduling a request that sampled in the previous step does not know that token yet)."""
+        cached = self.nc[r] + n
+        if self.async_sched and self.gen[r] >= 1 and self.last_emit[r] == t0:
+            cached = min(cached, self.P[r] + self.gen[r] - 1)
+        self.kv_cached_tokens[r] = cached
+
+    def _decoder_cached_tokens(self, r: int, g: int) -> int:
+        """Tokens aggregated decoder ``r``'s blocks cache when it is scheduled in step ``g``: its context
+        ``a_r + g``, less the token in flight under async scheduling (it sampled in step ``g - 1``, unless
+        it joined the aggregate at ``g`` after a step without it)."""
+        ctx = self.a[r] + g
+        if self.async_sched and (g > self.g0[r] or self.stale_joins.get(r) != g):
+            ctx -= 1
+        return ctx
+
     def _cache_scheduled(self, g: int, sched: list) -> None:
         """Cache the newly full shareable blocks of the running requests scheduled in step ``g`` so far
         (vLLM ``cache_blocks`` in ``allocate_slots``), before waiting requests are looked up: ``sched``'s
-        chunks (``num_computed + num_new`` tokens) and the aggregated decoders (``a_r + g``)."""
-        chunks = dict(sched)
-        nc, a, fing = self.nc, self.a, self.fing
-        for r in list(self.kv.lagging):
-            if r in chunks:
-                self.kv.cache(r, nc[r] + chunks[r])
-            elif fing[r] >= 0:
-                self.kv.cache(r, a[r] + g)
+        chunks and the aggregated decoders, in vLLM's order (the decoders precede the chunks in the running
+        order), so that copies of one hash are cached in the same order as in step mode (a lookup takes
+        the first)."""
+        lagging = self.kv.lagging
+        for r in [r for r in lagging if self.fing[r] >= 0]:
+            self.kv.cache(r, self._decoder_cached_tokens(r, g))
+        for r, _ in sched:
+            if r in lagging:
+                self.kv.cache(r, self.kv_cached_tokens[r])
 
     def _use_eagle(self) -> bool:
         """Whether hits drop their last block (vLLM ``use_eagle``: EAGLE-family drafters); plain: no."""
@@ -466,8 +490,11 @@ class Engine:
             sched.append((r, n))
             budget -= n
             idx += 1
-        if self.kv.lagging:
-            self._cache_scheduled(self.G, sched)
+        if self.prefix_caching:
+            for r, n in sched:
+                self._note_scheduled(r, n, t0)
+            if self.kv.lagging:
+                self._cache_scheduled(self.G, sched)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(running), sched)
         self.free = free
@@ -537,8 +564,10 @@ class Engine:
         self.gen[r] = self.e0[r] + (g - self.g0[r])
         blocks = -(-c // self.bs)
         self.blk[r] = blocks
-        if self.kv.lagging and r in self.kv.lagging:
-            self.kv.cache(r, c)
+        if self.prefix_caching and g > self.g0[r]:  # it was last scheduled in step g - 1, aggregated
+            self.kv_cached_tokens[r] = self._decoder_cached_tokens(r, g - 1)
+            if r in self.kv.lagging:
+                self.kv.cache(r, self.kv_cached_tokens[r])
         return blocks
 
     def _materialize(self) -> None:
@@ -562,6 +591,8 @@ class Engine:
                 self._join(r, self.G)
                 if last[r] != now:
                     self.stale[r] = last[r]
+                    if self.prefix_caching:
+                        self.stale_joins[r] = self.G
             else:
                 if self.partial is not None:  # pragma: no cover - guards the invariant below
                     raise RuntimeError("engine invariant broken: two running requests are mid-prefill")
@@ -883,8 +914,11 @@ class Engine:
             budget = self.M - B - n_p
         else:
             budget = self.M - B
-        if self.kv.lagging:
-            self._cache_scheduled(g, sched)
+        if self.prefix_caching:
+            if p_scheduled:
+                self._note_scheduled(p, n_p, t0)
+            if self.kv.lagging:
+                self._cache_scheduled(g, sched)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched)
         self.free = free
