@@ -283,3 +283,21 @@ def test_summary_run_equals_step_on_prefix_workloads(name, tight):
     assert fast.summary["prefix_cache"]["hits"] > 0
     if tight:
         assert fast.summary["preemptions"] > 0
+
+
+def test_metrics_per_replica_and_merged_and_off():
+    """Two replicas: each replica's summary has its own prefix-cache counters and the merged summary
+    their sums; hit_rate = hits / queries; requests.csv's num_cached_tokens sums to the first-admission
+    hits. With prefix caching off: no prefix_cache entry, num_cached_tokens all 0."""
+    config = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": WORKLOADS["system_prompts"], "seed": 1,
+              "deployment": {"replicas": 2}}
+    res = simulate(config)
+    merged, replicas = res.summary["prefix_cache"], [r["prefix_cache"] for r in res.summary["replicas"]]
+    for key in ("requests", "queries", "hits", "preempted_queries", "preempted_hits"):
+        assert merged[key] == sum(r[key] for r in replicas)
+    assert all(r["hits"] > 0 for r in replicas)
+    assert merged["requests"] == 150 and merged["hit_rate"] == merged["hits"] / merged["queries"]
+    assert int(res.requests["num_cached_tokens"].sum()) == merged["hits"]
+    off = simulate({**config, "engine": {"enable_prefix_caching": False}})
+    assert "prefix_cache" not in off.summary and not off.requests["num_cached_tokens"].any()
+    assert off.summary["ttft_s"]["mean"] > res.summary["ttft_s"]["mean"]  # the cached prefixes are not recomputed
