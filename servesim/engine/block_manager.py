@@ -128,6 +128,18 @@ class ChainRun:
 
 
 @dataclass(eq=False)
+class DeadRun:
+    """``count`` cached blocks in the free queue that nobody can hit any more (the own chains of finished
+    requests, freed one after another): they only take their place in the eviction order."""
+
+    count: int
+
+    def evict(self, num_blocks: int) -> None:
+        """Pop ``num_blocks`` (<= count) of them."""
+        self.count -= num_blocks
+
+
+@dataclass(eq=False)
 class CacheHit:
     """A waiting request's prefix-cache hit (vLLM ``get_computed_blocks``).
 
@@ -292,10 +304,12 @@ class BlockManager:
         ``num_free``: the engine's free blocks now (see :meth:`sync`). Takes nothing."""
         if not self.enabled:
             return NO_HIT
+        shareable = self.shareable[request] if self.shareable is not None else 0
+        if not shareable and request not in self.own_runs:
+            return NO_HIT  # nothing it could hit: its content is its own and it never freed cached blocks
         self.sync(num_free)
         cap = (num_tokens - 1) // self.block_size
         hit = CacheHit()
-        shareable = self.shareable[request] if self.shareable is not None else 0
         j = 0
         if shareable and cap:
             hashes = self._request_hashes(request)
@@ -409,7 +423,8 @@ class BlockManager:
         else:
             self.lagging.discard(request)
 
-    def free(self, request: int, num_blocks: int, num_cached_tokens: int, num_free: int) -> int:
+    def free(self, request: int, num_blocks: int, num_cached_tokens: int, num_free: int,
+             finished: bool = False) -> int:
         """Free all ``num_blocks`` blocks ``request`` holds (vLLM ``FullAttentionManager.free``: in reverse
         order; uncached to the queue's front, cached to its tail).
 
@@ -420,6 +435,8 @@ class BlockManager:
                 num_tokens)`` at its last scheduling): its first ``num_cached_tokens // block_size`` blocks
                 have hashes.
             num_free: the engine's free blocks before this free (see :meth:`sync`).
+            finished: the request finished (nobody can hit its own chain any more: its cached blocks
+                only keep their place in the queue), rather than being preempted.
 
         Returns:
             Blocks that became free (fewer than ``num_blocks`` when other requests hold shared ones).
@@ -439,9 +456,17 @@ class BlockManager:
         freed = num_blocks - cached  # uncached: to the front
         self.num_uncached += freed
         if cached > shareable:
-            run = ChainRun(request, shareable, cached, cached - shareable)
-            self.queue.append(run)
-            self.own_runs.setdefault(request, []).append(run)
+            if finished:
+                self.own_runs.pop(request, None)
+                last = self.queue[-1] if self.queue else None
+                if type(last) is DeadRun:
+                    last.count += cached - shareable
+                else:
+                    self.queue.append(DeadRun(cached - shareable))
+            else:
+                run = ChainRun(request, shareable, cached, cached - shareable)
+                self.queue.append(run)
+                self.own_runs.setdefault(request, []).append(run)
             freed += cached - shareable
         held = self.held_shared.pop(request, None)
         if held:

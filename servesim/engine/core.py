@@ -172,9 +172,10 @@ class Engine:
         self.prefix_caching = bool(enable_prefix_caching)
         self.kv = BlockManager(self.total_blocks + 1, bs, self.prefix_caching, content, self._use_eagle())
         self.num_cached_tokens = [-1] * n  # vLLM Request.num_cached_tokens: the hit at first scheduling
-        # tokens of each request's blocks cached at its last scheduling (vLLM cache_blocks: num_computed +
-        # num_new, capped at the tokens known then, which under async scheduling exclude the token still in
-        # flight from the step before); for aggregated decoders written at _leave
+        # async scheduling: tokens of each request's blocks cached at its last scheduling (vLLM cache_blocks:
+        # num_computed + num_new, capped at the tokens known then, which exclude the token still in flight
+        # from the step before); written after each step and, for aggregated decoders, at _leave. Without
+        # async scheduling they are its computed tokens (see _kv_cached).
         self.kv_cached_tokens = [0] * n
         self.stale_joins: dict[int, int] = {}  # run mode: decoder -> step it joined the aggregate at, stale
         self.prefix_cache_stats = PrefixCacheStats()
@@ -287,8 +288,7 @@ class Engine:
             if caching:
                 self.kv.touch(r, hit)
                 self.nc[r] = hit_tokens
-                self._note_scheduled(r, n, t0)
-                self.kv.cache(r, self.kv_cached_tokens[r])
+                self.kv.cache(r, self._note_scheduled(r, n, t0))
                 self.prefix_cache_stats.record(total, hit_tokens, self.npre[r] > 0)
                 if self.tracer is not None:
                     self.tracer.record_hit(r, total, hit_tokens, self.npre[r] > 0)
@@ -351,7 +351,7 @@ class Engine:
         the next step.)"""
         del self.running[victim]
         if self.prefix_caching:
-            freed = self.kv.free(victim, self.blk[victim], self.kv_cached_tokens[victim], self.free)
+            freed = self.kv.free(victim, self.blk[victim], self._kv_cached(victim), self.free)
         else:
             freed = self.blk[victim]
         self.blk[victim] = 0
@@ -402,7 +402,11 @@ class Engine:
         if self.async_sched:
             self.finishing[r] = sure
             return
-        self._free_blocks(r)
+        if self.prefix_caching:
+            self.free += self.kv.free(r, self.blk[r], self._kv_cached(r), self.free, finished=True)
+        else:
+            self.free += self.blk[r]
+        self.blk[r] = 0
         del self.running[r]
 
     def _release_finishing(self) -> None:
@@ -421,28 +425,32 @@ class Engine:
     def _free_blocks(self, r: int) -> None:
         """Running request ``r`` finished: its blocks return to the pool."""
         if self.prefix_caching:
-            self.free += self.kv.free(r, self.blk[r], self.kv_cached_tokens[r], self.free)
+            self.free += self.kv.free(r, self.blk[r], self._kv_cached(r), self.free, finished=True)
         else:
             self.free += self.blk[r]
         self.blk[r] = 0
 
-    def _note_scheduled(self, r: int, n: int, t0: int) -> None:
-        """Request ``r`` is scheduled ``n`` tokens in the step starting at ``t0``: the tokens its blocks
-        now cache (vLLM ``allocate_slots``: ``min(num_computed + num_new, num_tokens)``; under async
-        scheduling a request that sampled in the previous step does not know that token yet)."""
+    def _kv_cached(self, r: int) -> int:
+        """Tokens of request ``r``'s blocks that are cached (hashed), as of its last scheduling."""
+        return self.kv_cached_tokens[r] if self.async_sched else self.nc[r]
+
+    def _note_scheduled(self, r: int, n: int, t0: int) -> int:
+        """Request ``r`` is scheduled ``n`` tokens in the step starting at ``t0``: returns (and notes) the
+        tokens its blocks now cache (vLLM ``allocate_slots``: ``min(num_computed + num_new, num_tokens)``;
+        under async scheduling a request that sampled in the previous step does not know that token yet)."""
         cached = self.nc[r] + n
         if self.async_sched and self.gen[r] >= 1 and self.last_emit[r] == t0:
             cached = min(cached, self.P[r] + self.gen[r] - 1)
         self.kv_cached_tokens[r] = cached
+        return cached
 
     def _decoder_cached_tokens(self, r: int, g: int) -> int:
         """Tokens aggregated decoder ``r``'s blocks cache when it is scheduled in step ``g``: its context
         ``a_r + g``, less the token in flight under async scheduling (it sampled in step ``g - 1``, unless
         it joined the aggregate at ``g`` after a step without it)."""
-        ctx = self.a[r] + g
         if self.async_sched and (g > self.g0[r] or self.stale_joins.get(r) != g):
-            ctx -= 1
-        return ctx
+            return self.a[r] + g - 1
+        return self.a[r] + g
 
     def _cache_scheduled(self, g: int, sched: list) -> None:
         """Cache the newly full shareable blocks of the running requests scheduled in step ``g`` so far
@@ -453,9 +461,9 @@ class Engine:
         lagging = self.kv.lagging
         for r in [r for r in lagging if self.fing[r] >= 0]:
             self.kv.cache(r, self._decoder_cached_tokens(r, g))
-        for r, _ in sched:
+        for r, n in sched:
             if r in lagging:
-                self.kv.cache(r, self.kv_cached_tokens[r])
+                self.kv.cache(r, self._note_scheduled(r, n, self.now))
 
     def _use_eagle(self) -> bool:
         """Whether hits drop their last block (vLLM ``use_eagle``: EAGLE-family drafters); plain: no."""
@@ -490,11 +498,8 @@ class Engine:
             sched.append((r, n))
             budget -= n
             idx += 1
-        if self.prefix_caching:
-            for r, n in sched:
-                self._note_scheduled(r, n, t0)
-            if self.kv.lagging:
-                self._cache_scheduled(self.G, sched)
+        if self.kv.lagging:
+            self._cache_scheduled(self.G, sched)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(running), sched)
         self.free = free
@@ -522,11 +527,17 @@ class Engine:
         if self.finishing:
             self._release_finishing()
         itl = 0
+        track = self.prefix_caching and self.async_sched  # the tokens each request's blocks cache
+        cached = self.kv_cached_tokens
         for r, n in sched:
             nc[r] += n
+            if track:
+                cached[r] = nc[r]
             if nc[r] == P[r] + gen[r]:
                 if gen[r] >= 1 and self.last_emit[r] == t0:
                     itl += 1
+                    if track:  # its last token was in flight when this step was scheduled
+                        cached[r] -= 1
                 self._emit(r, t0, t1)
         self.now = t1
         self.G += 1
@@ -565,9 +576,10 @@ class Engine:
         blocks = -(-c // self.bs)
         self.blk[r] = blocks
         if self.prefix_caching and g > self.g0[r]:  # it was last scheduled in step g - 1, aggregated
-            self.kv_cached_tokens[r] = self._decoder_cached_tokens(r, g - 1)
+            if self.async_sched:
+                self.kv_cached_tokens[r] = self._decoder_cached_tokens(r, g - 1)
             if r in self.kv.lagging:
-                self.kv.cache(r, self.kv_cached_tokens[r])
+                self.kv.cache(r, self._kv_cached(r))
         return blocks
 
     def _materialize(self) -> None:
@@ -914,11 +926,8 @@ class Engine:
             budget = self.M - B - n_p
         else:
             budget = self.M - B
-        if self.prefix_caching:
-            if p_scheduled:
-                self._note_scheduled(p, n_p, t0)
-            if self.kv.lagging:
-                self._cache_scheduled(g, sched)
+        if self.kv.lagging:
+            self._cache_scheduled(g, sched)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched)
         self.free = free
@@ -951,11 +960,17 @@ class Engine:
         self._finish_decoders(g, t1)
         # a partial prefill that got no budget this step (the decoders took it all) stays the partial
         self.partial = p if p is not None and not p_scheduled and p in self.running else None
+        track = self.prefix_caching and self.async_sched  # the tokens each request's blocks cache
+        cached = self.kv_cached_tokens
         for r, n in sched:
             nc[r] += n
+            if track:
+                cached[r] = nc[r]
             if nc[r] == P[r] + gen[r]:
                 if gen[r] >= 1 and self.last_emit[r] == t0:
                     itl += 1  # a recompute admitted right after its preemption (async's repeated schedule)
+                    if track:
+                        cached[r] -= 1
                 if not self._emit(r, t0, t1):
                     self._join(r, g + 1)
             else:
