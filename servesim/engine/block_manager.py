@@ -457,7 +457,8 @@ class BlockManager:
         self.num_uncached += freed
         if cached > shareable:
             if finished:
-                self.own_runs.pop(request, None)
+                if request in self.own_runs:
+                    del self.own_runs[request]
                 last = self.queue[-1] if self.queue else None
                 if type(last) is DeadRun:
                     last.count += cached - shareable
@@ -468,7 +469,7 @@ class BlockManager:
                 self.queue.append(run)
                 self.own_runs.setdefault(request, []).append(run)
             freed += cached - shareable
-        held = self.held_shared.pop(request, None)
+        held = self.held_shared.pop(request, None) if shareable else None
         if held:
             queue = self.queue
             for block in reversed(held):

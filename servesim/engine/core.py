@@ -286,9 +286,13 @@ class Engine:
             free -= need
             blk[r] = need - extra
             if caching:
-                self.kv.touch(r, hit)
-                self.nc[r] = hit_tokens
-                self.kv.cache(r, self._note_scheduled(r, n, t0))
+                if hit_tokens:
+                    self.kv.touch(r, hit)
+                    self.nc[r] = hit_tokens
+                if self.async_sched or self.kv.shareable is not None:
+                    cached = self._note_scheduled(r, n, t0)
+                    if self.kv.shareable is not None:
+                        self.kv.cache(r, cached)
                 self.prefix_cache_stats.record(total, hit_tokens, self.npre[r] > 0)
                 if self.tracer is not None:
                     self.tracer.record_hit(r, total, hit_tokens, self.npre[r] > 0)
@@ -577,8 +581,9 @@ class Engine:
         self.blk[r] = blocks
         if self.prefix_caching and g > self.g0[r]:  # it was last scheduled in step g - 1, aggregated
             if self.async_sched:
-                self.kv_cached_tokens[r] = self._decoder_cached_tokens(r, g - 1)
-            if r in self.kv.lagging:
+                # the token in flight when step g - 1 was scheduled (see _decoder_cached_tokens)
+                self.kv_cached_tokens[r] = c - 1 if g - 1 > self.g0[r] or self.stale_joins.get(r) != g - 1 else c
+            if self.kv.lagging and r in self.kv.lagging:
                 self.kv.cache(r, self._kv_cached(r))
         return blocks
 
@@ -691,7 +696,7 @@ class Engine:
             return True
         h = waiting[0]
         total = self.P[h] + self.gen[h]
-        if not self.prefix_caching:
+        if not self.prefix_caching or (self.kv.shareable is None and h not in self.kv.own_runs):
             return -(-total // self.bs) > free or (not self.chunked and total > budget)
         if free < 0:
             return True
