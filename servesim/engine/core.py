@@ -419,20 +419,16 @@ class Engine:
         run (they count against ``max_num_seqs``, hold their blocks and can be preemption victims) while
         step ``n + 1`` is scheduled; processing step ``n``'s output then frees them. Called after each
         step's scheduling."""
-        running = self.running
+        running, blk = self.running, self.blk
         for r in self.finishing:
             if r in running:
                 del running[r]
-                self._free_blocks(r)
+                if self.prefix_caching:
+                    self.free += self.kv.free(r, blk[r], self._kv_cached(r), self.free, finished=True)
+                else:
+                    self.free += blk[r]
+                blk[r] = 0
         self.finishing = {}
-
-    def _free_blocks(self, r: int) -> None:
-        """Running request ``r`` finished: its blocks return to the pool."""
-        if self.prefix_caching:
-            self.free += self.kv.free(r, self.blk[r], self._kv_cached(r), self.free, finished=True)
-        else:
-            self.free += self.blk[r]
-        self.blk[r] = 0
 
     def _kv_cached(self, r: int) -> int:
         """Tokens of request ``r``'s blocks that are cached (hashed), as of its last scheduling."""
