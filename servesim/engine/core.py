@@ -34,6 +34,22 @@ Two modes produce the same result, bit for bit (all times are integer picosecond
   fail) is advanced in O(1) with the closed-form sum of its step times. Rare events that need the
   per-request order (preemption, a token budget smaller than the decoding batch) materialise the
   per-request state and run the plain step.
+
+KV blocks go through the block manager (:mod:`servesim.engine.block_manager`, vLLM 0.32's block pool,
+with prefix caching when ``enable_prefix_caching``). The engine keeps the free-block count in ``self.free``
+and allocates by decrementing it; allocations only pop the free queue's head, so a decode run (which only
+allocates) needs no replay of who took which block: the manager pops the run's blocks at its next call,
+before anything that depends on the queue's order (a free, a lookup, a hit), and run mode then makes the
+same calls in the same order as step mode. Two points keep run mode exact with prefix caching:
+
+* the aggregated decoders' shareable blocks (those another request could hit) are cached lazily, at the
+  step they filled (``_decoder_cached_tokens``), before any other block is cached or looked up
+  (``_cache_scheduled``, ``_leave``), so copies of one hash are cached in step-mode order;
+* a run needs the head of the waiting queue to stay blocked through it. It does: within a run no block is
+  freed and (with plain decoding, no lookahead) the admission check is ``blocks(num_tokens) - hits on held
+  blocks > free blocks``, where free blocks only fall and hits on held blocks cannot change (no holder
+  leaves); evictions only shorten the hit. While running requests still fill shareable blocks the head
+  might hit, there is no run (each step is taken on its own).
 """
 
 from __future__ import annotations
