@@ -205,6 +205,10 @@ def merge_outputs(outs: list[EngineOutput], assignment: np.ndarray) -> EngineOut
                 counters[key] = [a + b for a, b in zip(old, new)]
             else:
                 counters[key] = counters.get(key, 0) + value
+    prefix_cache: dict = {}
+    for o in outs:
+        for key, value in (o.prefix_cache or {}).items():
+            prefix_cache[key] = prefix_cache.get(key, 0) + value
     first = outs[0]
     return dataclasses.replace(
         first,
@@ -214,6 +218,7 @@ def merge_outputs(outs: list[EngineOutput], assignment: np.ndarray) -> EngineOut
         kv_blocks_total=sum(o.kv_blocks_total for o in outs),
         end_s=max(o.end_s for o in outs),
         spec_counters=counters if len(outs) > 1 else first.spec_counters,
+        prefix_cache=prefix_cache,
     )
 
 

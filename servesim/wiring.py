@@ -186,6 +186,8 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         "block_size": e.block_size,
         "workload": workload.description,
         "async_scheduling": resolve_async_scheduling(cfg, spec),
+        # prefix caching as the engine runs it: not modelled with speculative decoding yet (then off)
+        "enable_prefix_caching": bool(e.enable_prefix_caching and spec is None),
         "roofline_mode": cfg.roofline.mode,
         "decode_step_s_batch1": step_time.base_s(1, 1, 1),
         "kv_s_per_token": step_time.kv_ps_per_token / PS_PER_S,
@@ -320,6 +322,8 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
             max_num_batched_tokens=p.max_num_batched_tokens,
             enable_chunked_prefill=e.enable_chunked_prefill,
             async_scheduling=p.async_scheduling,
+            enable_prefix_caching=p.info["enable_prefix_caching"],
+            content=p.workload.content if prompt_tokens is None else None,
             mode=p.cfg.simulation.mode,
             max_time_s=p.cfg.simulation.max_time_s,
         )

@@ -49,7 +49,8 @@ def realistic_step_model() -> StepTimeModel:
 
 def run_engine(prompt, output, arrival_s=None, *, concurrency=None, think_s=0.0, step_model=None,
                kv_blocks=100_000, block_size=16, max_num_seqs=256, max_num_batched_tokens=8192,
-               chunked=True, mode="run", max_time_s=None, async_scheduling=False) -> Engine:
+               chunked=True, mode="run", max_time_s=None, async_scheduling=False,
+               enable_prefix_caching=False, content=None, tracer=None) -> Engine:
     """Run an engine to completion and return it (records in ``engine.output()``)."""
     prompt = np.asarray(prompt, dtype=np.int64)
     output = np.asarray(output, dtype=np.int64)
@@ -63,7 +64,9 @@ def run_engine(prompt, output, arrival_s=None, *, concurrency=None, think_s=0.0,
                     step_time=step_model or realistic_step_model(), kv_blocks_total=kv_blocks,
                     block_size=block_size, max_num_seqs=max_num_seqs,
                     max_num_batched_tokens=max_num_batched_tokens, enable_chunked_prefill=chunked,
-                    mode=mode, max_time_s=max_time_s, async_scheduling=async_scheduling)
+                    mode=mode, max_time_s=max_time_s, async_scheduling=async_scheduling,
+                    enable_prefix_caching=enable_prefix_caching, content=content)
+    engine.tracer = tracer
     env = simpy.Environment()
     env.process(engine.process(env))
     env.run()

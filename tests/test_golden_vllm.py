@@ -24,6 +24,7 @@ from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.engine.spec_engine import SpecEngine, SpecSetup
 from servesim.engine.step_trace import StepTracer
+from servesim.workload.content import SequenceContent
 from servesim.speculation.config import SpeculativeConfig
 from servesim.speculation.profile import load_profile
 from servesim.speculation.schedule import KSchedule
@@ -121,16 +122,36 @@ def replay(golden: dict, mode: str) -> list[dict]:
         enable_chunked_prefill=eng["enable_chunked_prefill"],
         async_scheduling=eng["async_scheduling"],
         mode=mode,
+        enable_prefix_caching=eng.get("enable_prefix_caching", False),
+        content=content_of(reqs) if eng.get("enable_prefix_caching") else None,
     )
     engine.tracer = StepTracer()
     env = simpy.Environment()
     env.process(engine.process(env))
     env.run()
-    return [
+    steps = [
         {"step": s.start_ps // STEP_PS, "scheduled": [list(e) for e in s.scheduled], "preempted": s.preempted,
          "kv_blocks_used": s.kv_blocks_used, "num_waiting": s.num_waiting, "k": s.k}
         for s in engine.tracer.steps
     ]
+    if eng.get("enable_prefix_caching"):
+        for row, s in zip(steps, engine.tracer.steps):
+            row["new_computed"] = [list(e) for e in s.new_computed]
+            row["prefix_cache"] = {key: s.prefix_cache.get(key, 0) for key in PREFIX_CACHE_FIELDS}
+    return steps
+
+
+PREFIX_CACHE_FIELDS = ("requests", "queries", "hits", "preempted_requests", "preempted_queries", "preempted_hits")
+
+
+def content_of(requests: list[dict]) -> SequenceContent:
+    """The scenario's sequence content: each request's ``segments`` ``[[content id, tokens], ...]``."""
+    owner = [i for i, r in enumerate(requests) for _ in r["segments"]]
+    order = [j for r in requests for j in range(len(r["segments"]))]
+    ids = [c for r in requests for c, _ in r["segments"]]
+    tokens = [n for r in requests for _, n in r["segments"]]
+    return SequenceContent.from_parts(len(requests), np.asarray(owner, dtype=np.int64), np.asarray(order, dtype=np.int64),
+                                      np.asarray(ids, dtype=np.uint64), np.asarray(tokens, dtype=np.int64))
 
 
 def first_difference(got: list[dict], want: list[dict]) -> str | None:
@@ -168,3 +189,14 @@ def test_reproduces_vllm_trace(path: Path, mode: str):
     golden = load(path)
     diff = first_difference(replay(golden, mode), golden["steps"])
     assert diff is None, f"{path.name} ({mode} mode) differs from vLLM at {diff}"
+
+
+def test_prefix_caching_golden_scenarios_cover_hits_and_rehits_after_preemption():
+    """The prefix-caching traces (vLLM 0.32 with ``enable_prefix_caching``): shared prefixes hit, and
+    preempted requests re-hit their own blocks, with and without async scheduling."""
+    prefix = [load(p) for p in GOLDEN_FILES if p.name.startswith("prefix_")]
+    assert len(prefix) >= 10
+    assert all(g["scenario"]["engine"]["enable_prefix_caching"] for g in prefix)
+    totals = {key: sum(s["prefix_cache"][key] for g in prefix for s in g["steps"]) for key in PREFIX_CACHE_FIELDS}
+    assert totals["hits"] > 0 and totals["preempted_hits"] > 0
+    assert {g["scenario"]["engine"]["async_scheduling"] for g in prefix} == {False, True}

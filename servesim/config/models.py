@@ -36,6 +36,10 @@ class EngineConfig(_Strict):
         block_size: tokens per KV-cache block (vLLM default 16).
         gpu_memory_utilization: share of each GPU's memory vLLM may use (vLLM 0.20+ default 0.92).
         enable_chunked_prefill: split long prompts over steps (vLLM V1 default on).
+        enable_prefix_caching: vLLM's automatic prefix caching (reuse of cached KV blocks of shared
+            prefixes, :mod:`servesim.engine.block_manager`). Default on, as vLLM 0.32 resolves it for a
+            generative model (``EngineArgs``: ``model_config.is_prefix_caching_supported``). Not modelled
+            with speculative decoding yet: the speculative engine runs without it.
         num_gpu_blocks_override: fix the KV-cache size in blocks instead of deriving it from memory.
         activation_reserve_bytes: per-GPU bytes kept for activations, sampler and CUDA graphs; default:
             derived from the model and the token budget (see :mod:`servesim.engine.kv_cache`).
@@ -51,6 +55,7 @@ class EngineConfig(_Strict):
     block_size: int = Field(default=16, ge=1)
     gpu_memory_utilization: float = Field(default=0.92, gt=0.0, le=1.0)
     enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
     num_gpu_blocks_override: int | None = Field(default=None, ge=1)
     activation_reserve_bytes: float | None = Field(default=None, ge=0.0)
     max_model_len: int | None = Field(default=None, ge=1)

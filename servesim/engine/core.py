@@ -34,10 +34,27 @@ Two modes produce the same result, bit for bit (all times are integer picosecond
   fail) is advanced in O(1) with the closed-form sum of its step times. Rare events that need the
   per-request order (preemption, a token budget smaller than the decoding batch) materialise the
   per-request state and run the plain step.
+
+KV blocks go through the block manager (:mod:`servesim.engine.block_manager`, vLLM 0.32's block pool,
+with prefix caching when ``enable_prefix_caching``). The engine keeps the free-block count in ``self.free``
+and allocates by decrementing it; allocations only pop the free queue's head, so a decode run (which only
+allocates) needs no replay of who took which block: the manager pops the run's blocks at its next call,
+before anything that depends on the queue's order (a free, a lookup, a hit), and run mode then makes the
+same calls in the same order as step mode. Two points keep run mode exact with prefix caching:
+
+* the aggregated decoders' shareable blocks (those another request could hit) are cached lazily, at the
+  step they filled (``_decoder_cached_tokens``), before any other block is cached or looked up
+  (``_cache_scheduled``, ``_leave``), so copies of one hash are cached in step-mode order;
+* a run needs the head of the waiting queue to stay blocked through it. It does: within a run no block is
+  freed and (with plain decoding, no lookahead) the admission check is ``blocks(num_tokens) - hits on held
+  blocks > free blocks``, where free blocks only fall and hits on held blocks cannot change (no holder
+  leaves); evictions only shorten the hit. While running requests still fill shareable blocks the head
+  might hit, there is no run (each step is taken on its own).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections import deque
 from itertools import chain
@@ -45,6 +62,7 @@ from itertools import chain
 import numpy as np
 
 from servesim.engine.arrival_source import ArrivalSource
+from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS, StepTimeModel
@@ -75,6 +93,9 @@ class Engine:
             scheduled before this step's output is processed, so a request that finishes in a step keeps
             its blocks and its place in the running list while the next step is scheduled.
         max_time_s: stop the simulation at the first step boundary at or after this time (s); None = never.
+        enable_prefix_caching: vLLM's automatic prefix caching (:mod:`servesim.engine.block_manager`).
+        content: the requests' :class:`~servesim.workload.content.SequenceContent` for prefix caching
+            (None = no two requests share content; a preempted request still hits its own blocks).
 
     Raises:
         ValueError: a request has no prompt or no output token (``prompt_tokens`` or ``output_tokens`` <
@@ -97,6 +118,8 @@ class Engine:
         mode: str = "run",
         max_time_s: float | None = None,
         async_scheduling: bool = False,
+        enable_prefix_caching: bool = False,
+        content=None,
     ) -> None:
         if mode not in ("run", "step"):
             raise ValueError(f"unknown engine mode {mode!r} (expected 'run' or 'step')")
@@ -164,6 +187,18 @@ class Engine:
         self.running: dict[int, None] = {}  # admission order
         self.waiting: deque[int] = deque()
         self.free = self.total_blocks
+        # the KV block manager (vLLM's block pool); ``self.free`` mirrors its free-block count, decremented
+        # by allocations, which the manager applies at its next call (BlockManager.sync)
+        self.prefix_caching = bool(enable_prefix_caching)
+        self.kv = BlockManager(self.total_blocks + 1, bs, self.prefix_caching, content, self._use_eagle())
+        self.num_cached_tokens = [-1] * n  # vLLM Request.num_cached_tokens: the hit at first scheduling
+        # async scheduling: tokens of each request's blocks cached at its last scheduling (vLLM cache_blocks:
+        # num_computed + num_new, capped at the tokens known then, which exclude the token still in flight
+        # from the step before); written after each step and, for aggregated decoders, at _leave. Without
+        # async scheduling they are its computed tokens (see _kv_cached).
+        self.kv_cached_tokens = [0] * n
+        self.stale_joins: dict[int, int] = {}  # run mode: decoder -> step it joined the aggregate at, stale
+        self.prefix_cache_stats = PrefixCacheStats()
         self.now = 0
         self.clock_subps = 0  # the clock's remainder below self.now (ps), in 2^-16 ps: [0, SUBPS_PER_PS)
         self.G = 0  # index of the next engine step
@@ -250,23 +285,44 @@ class Engine:
         waiting, P, gen, blk, bs = self.waiting, self.P, self.gen, self.blk, self.bs
         running, first_sched = self.running, self.first_sched
         ds = self.draft_slots
+        caching = self.prefix_caching
+        hit = None
+        hit_tokens = extra = 0
         while waiting and budget > ds and nrun < self.max_seqs:
             r = waiting[0]
             total = P[r] + gen[r]
-            if -(-total // bs) > free:  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
+            if caching:
+                hit = self.kv.lookup(r, total, free)
+                hit_tokens = hit.num_blocks * bs
+                extra = hit.num_evictable - hit.num_blocks  # hit blocks in the free queue cost free blocks
+            if -(-total // bs) + extra > free:  # vLLM's scheduler_reserve_full_isl: the whole sequence must fit
                 break
-            n = total if total < budget - ds else budget - ds
-            if n < total and not self.chunked:
+            left = total - hit_tokens
+            n = left if left < budget - ds else budget - ds
+            if n < left and not self.chunked:
                 break
             if self.prefill_lookahead > 1:
-                n = self._reserve_prefill_lookahead(total, 0, n)
+                n = self._reserve_prefill_lookahead(total, hit_tokens, n)
                 if not n:
                     break
-            need = -(-(n + lookahead) // bs)  # the first chunk and the lookahead slots
+            need = -(-(hit_tokens + n + lookahead) // bs) + extra  # the first chunk and the lookahead slots
             if need > free:
                 break
             free -= need
-            blk[r] = need
+            blk[r] = need - extra
+            if caching:
+                if hit_tokens:
+                    self.kv.touch(r, hit)
+                    self.nc[r] = hit_tokens
+                if self.async_sched or self.kv.shareable is not None:
+                    cached = self._note_scheduled(r, n, t0)
+                    if self.kv.shareable is not None:
+                        self.kv.cache(r, cached)
+                self.prefix_cache_stats.record(total, hit_tokens, self.npre[r] > 0)
+                if self.tracer is not None:
+                    self.tracer.record_hit(r, total, hit_tokens, self.npre[r] > 0)
+            if self.num_cached_tokens[r] < 0:
+                self.num_cached_tokens[r] = hit_tokens
             waiting.popleft()
             running[r] = None
             nrun += 1
@@ -307,6 +363,7 @@ class Engine:
         preempted = 0
         while need - self.blk[r] > free:
             victim = order.pop()
+            self.free = free  # the pool as the victim's blocks return to it
             free += self._preempt(victim)
             preempted += 1
             if victim == r:
@@ -322,7 +379,10 @@ class Engine:
         finished, under async scheduling, is not queued again: its output removes it from the queue before
         the next step.)"""
         del self.running[victim]
-        freed = self.blk[victim]
+        if self.prefix_caching:
+            freed = self.kv.free(victim, self.blk[victim], self._kv_cached(victim), self.free)
+        else:
+            freed = self.blk[victim]
         self.blk[victim] = 0
         self.nc[victim] = 0
         self.npre[victim] += 1
@@ -371,7 +431,10 @@ class Engine:
         if self.async_sched:
             self.finishing[r] = sure
             return
-        self.free += self.blk[r]
+        if self.prefix_caching:
+            self.free += self.kv.free(r, self.blk[r], self._kv_cached(r), self.free, finished=True)
+        else:
+            self.free += self.blk[r]
         self.blk[r] = 0
         del self.running[r]
 
@@ -385,9 +448,51 @@ class Engine:
         for r in self.finishing:
             if r in running:
                 del running[r]
-                self.free += blk[r]
+                if self.prefix_caching:
+                    self.free += self.kv.free(r, blk[r], self._kv_cached(r), self.free, finished=True)
+                else:
+                    self.free += blk[r]
                 blk[r] = 0
         self.finishing = {}
+
+    def _kv_cached(self, r: int) -> int:
+        """Tokens of request ``r``'s blocks that are cached (hashed), as of its last scheduling."""
+        return self.kv_cached_tokens[r] if self.async_sched else self.nc[r]
+
+    def _note_scheduled(self, r: int, n: int, t0: int) -> int:
+        """Request ``r`` is scheduled ``n`` tokens in the step starting at ``t0``: returns (and notes) the
+        tokens its blocks now cache (vLLM ``allocate_slots``: ``min(num_computed + num_new, num_tokens)``;
+        under async scheduling a request that sampled in the previous step does not know that token yet)."""
+        cached = self.nc[r] + n
+        if self.async_sched and self.gen[r] >= 1 and self.last_emit[r] == t0:
+            cached = min(cached, self.P[r] + self.gen[r] - 1)
+        self.kv_cached_tokens[r] = cached
+        return cached
+
+    def _decoder_cached_tokens(self, r: int, g: int) -> int:
+        """Tokens aggregated decoder ``r``'s blocks cache when it is scheduled in step ``g``: its context
+        ``a_r + g``, less the token in flight under async scheduling (it sampled in step ``g - 1``, unless
+        it joined the aggregate at ``g`` after a step without it)."""
+        if self.async_sched and (g > self.g0[r] or self.stale_joins.get(r) != g):
+            return self.a[r] + g - 1
+        return self.a[r] + g
+
+    def _cache_scheduled(self, g: int, sched: list) -> None:
+        """Cache the newly full shareable blocks of the running requests scheduled in step ``g`` so far
+        (vLLM ``cache_blocks`` in ``allocate_slots``), before waiting requests are looked up: ``sched``'s
+        chunks and the aggregated decoders, in vLLM's order (the decoders precede the chunks in the running
+        order), so that copies of one hash are cached in the same order as in step mode (a lookup takes
+        the first)."""
+        lagging = self.kv.lagging
+        for r in [r for r in lagging if self.fing[r] >= 0]:
+            self.kv.cache(r, self._decoder_cached_tokens(r, g))
+        for r, n in sched:
+            if r in lagging:
+                self.kv.cache(r, self._note_scheduled(r, n, self.now))
+
+    def _use_eagle(self) -> bool:
+        """Whether hits drop their last block (vLLM ``use_eagle``: EAGLE-family drafters); plain: no."""
+        return False
 
     # ------------------------------------------------------------------ the plain step (step mode)
     def _explicit_step(self) -> None:
@@ -418,6 +523,8 @@ class Engine:
             sched.append((r, n))
             budget -= n
             idx += 1
+        if self.kv.lagging:
+            self._cache_scheduled(self.G, sched)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(running), sched)
         self.free = free
@@ -445,11 +552,17 @@ class Engine:
         if self.finishing:
             self._release_finishing()
         itl = 0
+        track = self.prefix_caching and self.async_sched  # the tokens each request's blocks cache
+        cached = self.kv_cached_tokens
         for r, n in sched:
             nc[r] += n
+            if track:
+                cached[r] = nc[r]
             if nc[r] == P[r] + gen[r]:
                 if gen[r] >= 1 and self.last_emit[r] == t0:
                     itl += 1
+                    if track:  # its last token was in flight when this step was scheduled
+                        cached[r] -= 1
                 self._emit(r, t0, t1)
         self.now = t1
         self.G += 1
@@ -487,6 +600,12 @@ class Engine:
         self.gen[r] = self.e0[r] + (g - self.g0[r])
         blocks = -(-c // self.bs)
         self.blk[r] = blocks
+        if self.prefix_caching and g > self.g0[r]:  # it was last scheduled in step g - 1, aggregated
+            if self.async_sched:
+                # the token in flight when step g - 1 was scheduled (see _decoder_cached_tokens)
+                self.kv_cached_tokens[r] = c - 1 if g - 1 > self.g0[r] or self.stale_joins.get(r) != g - 1 else c
+            if self.kv.lagging and r in self.kv.lagging:
+                self.kv.cache(r, self._kv_cached(r))
         return blocks
 
     def _materialize(self) -> None:
@@ -510,6 +629,8 @@ class Engine:
                 self._join(r, self.G)
                 if last[r] != now:
                     self.stale[r] = last[r]
+                    if self.prefix_caching:
+                        self.stale_joins[r] = self.G
             else:
                 if self.partial is not None:  # pragma: no cover - guards the invariant below
                     raise RuntimeError("engine invariant broken: two running requests are mid-prefill")
@@ -596,7 +717,17 @@ class Engine:
             return True
         h = waiting[0]
         total = self.P[h] + self.gen[h]
-        return -(-total // self.bs) > free or (not self.chunked and total > budget)
+        if not self.prefix_caching or (self.kv.shareable is None and h not in self.kv.own_runs):
+            return -(-total // self.bs) > free or (not self.chunked and total > budget)
+        if free < 0:
+            return True
+        if self.kv.lagging:
+            # running requests are still filling blocks the head might hit: no run (a run needs the head
+            # to stay blocked; without such blocks it does: free blocks and hits only shrink in a run)
+            return False
+        hit = self.kv.lookup(h, total, free)
+        return (-(-total // self.bs) + hit.num_evictable - hit.num_blocks > free
+                or (not self.chunked and total - hit.num_blocks * self.bs > budget))
 
     def _advance(self, d_subps: int) -> int:
         """The clock after a step of ``d_subps`` (2^-16 ps) from ``self.now``: returns its end (ps, floored)
@@ -804,28 +935,32 @@ class Engine:
         """
         now = self.now
         free = self.free
-        victims = []
+        preempted = 0
         p = self.partial
         if p is not None and (nb > free or (p_scheduled and nb + need_p > free)):
-            victims.append(p)
-            free += self.blk[p]
+            if self.prefix_caching and nb <= free:
+                self.kv.sync(free - nb)  # the decoders allocated before the partial prefill failed to
             self.partial = None
             p_scheduled = False
+            free += self._preempt(p)
+            preempted += 1
         if nb > free:
-            for v in reversed(self.running):
+            # Step mode frees each victim when the pool is empty, so every block free before it is taken
+            # first; freeing the victims before the decoders' allocations leaves the same queue.
+            for v in list(reversed(self.running)):
                 if v == p:
                     continue
                 last = self.stale.pop(v, now)
                 nb -= self._need_at(v, g)
-                free += self._leave(v, g)
+                self._leave(v, g)
                 self.last_emit[v] = last
-                victims.append(v)
+                self.free = free
+                free += self._preempt(v)
+                preempted += 1
                 if nb <= free:
                     break
-        for v in victims:  # their blocks are already counted in ``free``
-            self._preempt(v)
         self.free = free
-        return len(victims), nb, p_scheduled
+        return preempted, nb, p_scheduled
 
     def _mixed_step(self, g: int, budget: int, nb: int) -> None:
         """One step: aggregated decoders plus the partial prefill and admissions, O(touched requests)."""
@@ -853,6 +988,8 @@ class Engine:
             budget = self.M - B - n_p
         else:
             budget = self.M - B
+        if self.kv.lagging:
+            self._cache_scheduled(g, sched)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched)
         self.free = free
@@ -885,11 +1022,17 @@ class Engine:
         self._finish_decoders(g, t1)
         # a partial prefill that got no budget this step (the decoders took it all) stays the partial
         self.partial = p if p is not None and not p_scheduled and p in self.running else None
+        track = self.prefix_caching and self.async_sched  # the tokens each request's blocks cache
+        cached = self.kv_cached_tokens
         for r, n in sched:
             nc[r] += n
+            if track:
+                cached[r] = nc[r]
             if nc[r] == P[r] + gen[r]:
                 if gen[r] >= 1 and self.last_emit[r] == t0:
                     itl += 1  # a recompute admitted right after its preemption (async's repeated schedule)
+                    if track:
+                        cached[r] -= 1
                 if not self._emit(r, t0, t1):
                     self._join(r, g + 1)
             else:
@@ -936,6 +1079,7 @@ class Engine:
             first_token_s=secs(self.first_tok),
             finish_s=secs(self.fin),
             preemptions=np.asarray(self.npre, dtype=np.int64),
+            num_cached_tokens=np.maximum(np.asarray(self.num_cached_tokens, dtype=np.int64), 0),
         )
 
         rows = np.fromiter(chain.from_iterable(self.rows), dtype=np.int64, count=13 * len(self.rows)).reshape(-1, 13)
@@ -970,4 +1114,5 @@ class Engine:
             kv_blocks_total=self.total_blocks,
             block_size=self.bs,
             end_s=self.now / s,
+            prefix_cache=dataclasses.asdict(self.prefix_cache_stats) if self.prefix_caching else {},
         )

@@ -25,6 +25,8 @@ class RequestLog:
         first_token_s: float64, end of the step that emitted its first output token (s); NaN if none.
         finish_s: float64, end of the step that emitted its last token (s); NaN if unfinished.
         preemptions: int64, times the request was preempted (recompute).
+        num_cached_tokens: int64, its prefix-cache hit when first scheduled (tokens; vLLM
+            ``Request.num_cached_tokens``); 0 with prefix caching off or if never scheduled.
     """
 
     request_id: np.ndarray
@@ -36,6 +38,11 @@ class RequestLog:
     first_token_s: np.ndarray
     finish_s: np.ndarray
     preemptions: np.ndarray
+    num_cached_tokens: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        if self.num_cached_tokens is None:  # a log built without prefix caching
+            self.num_cached_tokens = np.zeros(len(self.request_id), dtype=np.int64)
 
     def __len__(self) -> int:
         return int(self.request_id.shape[0])
@@ -116,6 +123,8 @@ class EngineOutput:
         end_s: simulated time when the last request finished or the run was cut off (s).
         spec_counters: vLLM's speculative-decoding counters (``num_drafts``, ``num_draft_tokens``,
             ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``); empty without speculation.
+        prefix_cache: vLLM's prefix-cache counters (tokens; the fields of
+            :class:`~servesim.engine.block_manager.PrefixCacheStats`); empty with prefix caching off.
     """
 
     requests: RequestLog
@@ -125,3 +134,4 @@ class EngineOutput:
     block_size: int
     end_s: float
     spec_counters: dict = field(default_factory=dict)
+    prefix_cache: dict = field(default_factory=dict)

@@ -100,6 +100,9 @@ class SpecEngine(Engine):
     :class:`~servesim.engine.core.Engine` plus ``spec``."""
 
     def __init__(self, *, spec: SpecSetup, **kwargs) -> None:
+        if kwargs.get("enable_prefix_caching"):
+            raise ValueError("prefix caching is not modelled with speculative decoding yet "
+                             "(servesim runs speculative decoding with enable_prefix_caching off)")
         super().__init__(**kwargs)
         n = self.n
         self.spec = spec

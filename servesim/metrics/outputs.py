@@ -23,7 +23,7 @@ from servesim.metrics.summary import json_safe
 REQUEST_COLUMNS: tuple[str, ...] = (
     "request_id", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
     "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions",
-    "first_scheduled_s", "first_token_s", "finish_s",
+    "first_scheduled_s", "first_token_s", "finish_s", "num_cached_tokens",
 )
 #: Column order of ``steps.csv``: every :class:`StepLog` field, in its declaration order.
 STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepLog) if f.name != "durations_s")

@@ -145,6 +145,8 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
         summary["slo_attainment"] = float(n_good / n) if n else 0.0
     if out.spec_counters:
         summary["spec_decode"] = spec_decode_summary(out.spec_counters)
+    if out.prefix_cache:
+        summary["prefix_cache"] = prefix_cache_summary(out.prefix_cache)
     if measure is not None:
         summary["measurement_window"] = measurement_window(out, measure)
     return summary
@@ -163,6 +165,22 @@ def _good_requests(lat: dict[str, np.ndarray], slo: dict) -> np.ndarray:
             values = np.where(np.isnan(values) & lat["completed"], 0.0, values)
         good &= values <= limit
     return good
+
+
+def prefix_cache_summary(counters: dict) -> dict:
+    """vLLM's prefix-cache metrics from an engine's counters (tokens).
+
+    ``queries`` and ``hits`` are ``vllm:prefix_cache_queries`` / ``vllm:prefix_cache_hits``: the known
+    tokens of each request admitted from the waiting queue for the first time and its prefix-cache hit;
+    re-admissions after a preemption count in ``preempted_queries`` / ``preempted_hits`` (vLLM 0.32
+    ``PrefixCacheStats``). ``hit_rate`` = hits / queries (None without queries).
+
+    Args:
+        counters: :class:`~servesim.engine.block_manager.PrefixCacheStats` fields as a dict (ints).
+    """
+    out = {key: int(value) for key, value in counters.items()}
+    out["hit_rate"] = out["hits"] / out["queries"] if out.get("queries") else None
+    return out
 
 
 def spec_decode_summary(counters: dict) -> dict:

@@ -6,7 +6,7 @@ Public API::
     WorkloadConfig                           pydantic union (type: trace | poisson | gamma | closed_loop
                                              | multi_turn), each with optional system_prompts
     SequenceContent                          what each request's tokens are: shared segments, block hashes
-                                             (Workload.content; for prefix caching, not read by the engine yet)
+                                             (Workload.content; for the engine's prefix caching)
     Sessions                                 session and turn of each request (Workload.sessions)
     build_workload(cfg, rng, base_dir)       config -> Workload
     load_workload_config(path), load_workload(path, rng)

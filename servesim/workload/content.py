@@ -47,7 +47,7 @@ first ``num_blocks`` full blocks (O(blocks + segments) numpy work, no per-token 
 numpy calls per request), or ``content.block_hashes_many(requests, block_size)`` for many requests in one
 pass (:class:`BlockHashes`).
 
-The engine does not read this yet: it is the input of prefix caching, coming in issue 12's engine work.
+The engine's block manager (:mod:`servesim.engine.block_manager`) reads it for prefix caching.
 """
 
 from __future__ import annotations

@@ -1,0 +1,303 @@
+"""Prefix caching (vLLM 0.32's KV cache manager, ``servesim/engine/block_manager.py``): each rule pinned by
+a hand-worked trace, in step mode and in run mode, plus step = run on prefix-sharing workloads.
+
+Hand-worked traces use block_size 4 and a flat 10 ms step; ``trace`` gives per step (scheduled
+``(request, tokens)``, preempted, KV blocks used after scheduling, new computed ``(request, hit tokens)``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from engine_helpers import flat_step_model, run_engine
+from servesim import simulate
+from servesim.engine.block_manager import BlockManager
+from servesim.engine.step_trace import StepTracer
+from servesim.workload.content import (
+    NAMESPACE_MESSAGE,
+    NAMESPACE_OUTPUT,
+    NAMESPACE_SYSTEM_PROMPT,
+    SequenceContent,
+    content_id,
+)
+
+MODES = ("step", "run")
+SYSTEM = int(content_id(NAMESPACE_SYSTEM_PROMPT, 0))
+
+
+def msg(i: int) -> int:
+    return int(content_id(NAMESPACE_MESSAGE, i))
+
+
+def out(i: int) -> int:
+    return int(content_id(NAMESPACE_OUTPUT, i))
+
+
+def content_of(rows: list[list[tuple[int, int]]]) -> SequenceContent:
+    """Content from per-request segment lists ``[(content id, tokens), ...]`` (prompt then output)."""
+    req = np.array([i for i, r in enumerate(rows) for _ in r], dtype=np.int64)
+    order = np.array([j for r in rows for j in range(len(r))], dtype=np.int64)
+    ids = np.array([c for r in rows for c, _ in r], dtype=np.uint64)
+    tok = np.array([n for r in rows for _, n in r], dtype=np.int64)
+    return SequenceContent.from_parts(len(rows), req, order, ids, tok)
+
+
+def run(prompt, output, arrival_s, mode, kv_blocks=100, content=None, **kw):
+    return run_engine(prompt, output, arrival_s, kv_blocks=kv_blocks, block_size=4, mode=mode,
+                      step_model=flat_step_model(0.01), enable_prefix_caching=True, content=content,
+                      tracer=StepTracer(), **kw)
+
+
+def trace(engine) -> list[tuple]:
+    return [([(r, n) for r, n, _ in s.scheduled], s.preempted, s.kv_blocks_used, s.new_computed)
+            for s in engine.tracer.steps]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_preempted_request_rehits_its_own_blocks_not_evicted_yet(mode):
+    """5 usable blocks (6 with the null block). A and B (8 + 8 tokens) prefill together (2 blocks each).
+    Step 1: A's 9th token takes the last free block, B is preempted; its 2 full blocks are cached and go
+    to the free queue (B's block 1 at the head, block 0 behind it). Steps 2-4: B's hit is 2 blocks (cap
+    (9 - 1) // 4 = 2), both in the free queue, so it needs 3 - 2 + 2 = 3 blocks > 2 free: it waits (the
+    hit blocks count against the free blocks). Step 5: A's 13th token pops the head, B's block 1 (the
+    chain's end is evicted first). A finishes after step 7 (its 3 cached blocks to the tail, its partial
+    block to the front); step 8 re-admits B with its surviving block 0: 4 tokens hit, 5 computed."""
+    e = run([8, 8], [8, 8], [0, 0], mode, kv_blocks=6)
+    want = ([([(0, 8), (1, 8)], [], 4, [(0, 0), (1, 0)]), ([(0, 1)], [1], 3, [])]
+            + [([(0, 1)], [], 3, [])] * 3 + [([(0, 1)], [], 4, [])] * 3
+            + [([(1, 5)], [], 3, [(1, 4)])] + [([(1, 1)], [], 3, [])] * 3 + [([(1, 1)], [], 4, [])] * 3)
+    assert trace(e) == want
+    stats = e.prefix_cache_stats
+    assert (stats.requests, stats.queries, stats.hits) == (2, 16, 0)
+    assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (1, 9, 4)
+    assert e.num_cached_tokens == [0, 0]  # set at the first scheduling only
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_preempted_request_rehits_the_blocks_its_decode_tokens_filled(mode):
+    """5 usable blocks. A: 8 + 4 tokens (3 blocks from step 1, finishes after step 3); B: 6 + 8. Step 3:
+    B's 9th token needs a third block, none is free: B is preempted with 8 computed tokens, so its block 1
+    (prompt tokens 4-5 and its first two output tokens) is cached too. A's blocks return after step 3;
+    step 4 re-admits B (9 known tokens): hit (9 - 1) // 4 = 2 blocks = 8 tokens, 1 token computed."""
+    e = run([8, 6], [4, 8], [0, 0], mode, kv_blocks=6)
+    assert trace(e)[:5] == [([(0, 8), (1, 6)], [], 4, [(0, 0), (1, 0)]), ([(0, 1), (1, 1)], [], 5, []),
+                            ([(0, 1), (1, 1)], [], 5, []), ([(0, 1)], [1], 3, []), ([(1, 1)], [], 3, [(1, 8)])]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_running_request_caches_decode_blocks_as_they_fill(mode):
+    """Turn 1: message m0 (3 tokens), output o0 (10). At step 4 it schedules its 5th output token (8
+    known tokens): blocks 0 and 1 are cached, while it still decodes. Turn 2 arrives during step 4 (open
+    loop) with m0, o0's first 5 tokens and m1 (2): 10 tokens, hit (10 - 1) // 4 = 2 blocks, held by turn 1
+    (so they cost no free block), admitted in step 5."""
+    rows = [[(msg(0), 3), (out(0), 10)], [(msg(0), 3), (out(0), 5), (msg(1), 2), (out(1), 1)]]
+    e = run([3, 10], [10, 1], [0, 0.045], mode, content=content_of(rows))
+    assert e.tracer.steps[5].new_computed == [(1, 8)]
+    assert e.tracer.steps[5].scheduled == [(0, 1, 0), (1, 2, 0)]
+    assert e.tracer.steps[5].kv_blocks_used == 2 + 1  # turn 1's 2 blocks, shared, and turn 2's third
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hit_is_capped_at_num_tokens_minus_one_and_block_aligned(mode):
+    """A: system prompt of 8 tokens + 1 output. B (after A finished) has exactly that 8-token prompt:
+    both its blocks are cached, but the hit stops at (8 - 1) // 4 = 1 block (4 tokens, not 7 nor 8).
+    C: the system prompt + 3 tokens of its own (11): (11 - 1) // 4 = 2 blocks, 8 tokens."""
+    rows = [[(SYSTEM, 8), (out(0), 1)], [(SYSTEM, 8), (out(1), 1)], [(SYSTEM, 8), (msg(2), 3), (out(2), 1)]]
+    e = run([8, 8, 11], [1, 1, 1], [0, 0.05, 0.1], mode, content=content_of(rows))
+    assert [s.new_computed for s in e.tracer.steps if s.new_computed] == [[(0, 0)], [(1, 4)], [(2, 8)]]
+    assert [s.scheduled for s in e.tracer.steps] == [[(0, 8, 0)], [(1, 4, 0)], [(2, 3, 0)]]
+    assert e.num_cached_tokens == [0, 4, 8]
+    assert (e.prefix_cache_stats.queries, e.prefix_cache_stats.hits) == (27, 12)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_requests_admitted_in_one_step_share_blocks(mode):
+    """A and B arrive together with the same 8-token system prompt and 2 tokens of their own: A's first
+    chunk caches the system prompt's 2 blocks when it is allocated, so B, looked up next in the same step,
+    hits them (8 tokens) and holds only its own third block: 3 + 1 blocks used, not 6."""
+    rows = [[(SYSTEM, 8), (msg(0), 2), (out(0), 2)], [(SYSTEM, 8), (msg(1), 2), (out(1), 2)]]
+    e = run([10, 10], [2, 2], [0, 0], mode, content=content_of(rows))
+    first = e.tracer.steps[0]
+    assert first.scheduled == [(0, 10, 0), (1, 2, 0)]
+    assert first.new_computed == [(0, 0), (1, 8)]
+    assert first.kv_blocks_used == 4
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_decode_blocks_are_cached_as_they_fill_so_the_next_turn_hits_its_history(mode):
+    """Turn 1: message m0 (3 tokens), output o0 (6). Its block 0 (m0 + o0's first token) and block 1
+    (o0's tokens 2-5) fill while it decodes. Turn 2 (after turn 1 finished) resends m0 + o0 and adds m1
+    (2): 11 tokens, hit (11 - 1) // 4 = 2 blocks = 8 tokens, of which 5 are turn 1's output."""
+    rows = [[(msg(0), 3), (out(0), 6)], [(msg(0), 3), (out(0), 6), (msg(1), 2), (out(1), 1)]]
+    e = run([3, 11], [6, 1], [0, 0.5], mode, content=content_of(rows))
+    assert [s.new_computed for s in e.tracer.steps if s.new_computed] == [[(0, 0)], [(1, 8)]]
+    assert e.tracer.steps[-1].scheduled == [(1, 3, 0)]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_hits_on_free_queue_blocks_cost_free_blocks_hits_on_held_ones_do_not(mode):
+    """H: 12 own prompt tokens, 4 output (3 blocks, 4 from step 1, finishes after step 3). A: the 8-token
+    system prompt (2 blocks), 1 output; B (arrives during step 0): the system prompt + 4 own tokens, 1
+    output, so its hit is 2 blocks (8 tokens) and it needs 3 blocks in all.
+
+    Free-queue case, 6 usable blocks: A finishes after step 0, its 2 cached blocks go to the free queue;
+    step 1: H takes the last uncached block, 2 free blocks are left, both A's. B needs 3 - 2 + 2 = 3 > 2
+    (its hit blocks leave the free queue): it waits until H finishes, and is admitted in step 4.
+    Held case, 8 usable blocks, A decodes on: after H's and A's step-1 blocks 1 block is free and B needs
+    3 - 2 = 1 (hits on blocks a running request holds cost nothing): admitted in step 1."""
+    def admitted(engine):
+        return {r: (i, hit) for i, s in enumerate(engine.tracer.steps) for r, hit in s.new_computed}
+
+    def rows(a_output):
+        return [[(msg(9), 12), (out(9), 4)], [(SYSTEM, 8), (out(1), a_output)], [(SYSTEM, 8), (msg(2), 4), (out(2), 1)]]
+    e = run([12, 8, 12], [4, 1, 1], [0, 0, 0.005], mode, kv_blocks=7, content=content_of(rows(1)))
+    assert admitted(e)[2] == (4, 8)
+    e = run([12, 8, 12], [4, 10, 1], [0, 0, 0.005], mode, kv_blocks=9, content=content_of(rows(10)))
+    assert admitted(e)[2] == (1, 8)
+
+
+def test_free_queue_lru_order_uncached_to_the_front_and_the_null_block():
+    """The manager on its own: 1 null + 6 usable blocks. Request 0 frees 3 blocks of which 2 are cached
+    (own chain), request 1 then frees 2 cached ones: queue = [uncached x (free)] [0's block 1, 0's block 0]
+    [1's block 1, 1's block 0]. Popping past the uncached blocks evicts request 0's block 1 first (its
+    chain's end, the least recently freed), then its block 0, then request 1's."""
+    manager = BlockManager(7, 4, True)
+    assert manager.num_free == 6  # block 0 is the null block
+    manager.sync(1)  # requests 0 and 1 allocate 3 + 2 blocks
+    assert manager.free(0, 3, 9, 1) == 3  # 9 cached tokens: blocks 0, 1 cached, block 2 uncached
+    assert manager.free(1, 2, 8, 4) == 2
+    assert (manager.num_free, manager.num_uncached) == (6, 2)
+    assert manager.lookup(0, 13, 6).num_blocks == 2 and manager.lookup(1, 9, 6).num_blocks == 2
+    manager.sync(4)  # two pops take the uncached blocks (the partial block was put at the front)
+    assert manager.lookup(0, 13, 4).num_blocks == 2
+    manager.sync(3)  # the next pop evicts request 0's block 1
+    assert manager.lookup(0, 13, 3).num_blocks == 1 and manager.lookup(1, 9, 3).num_blocks == 2
+    manager.sync(2)
+    assert manager.lookup(0, 13, 2).num_blocks == 0 and manager.lookup(1, 9, 2).num_blocks == 2
+    manager.sync(1)
+    assert manager.lookup(1, 9, 1).num_blocks == 1
+
+
+def test_shared_blocks_are_freed_in_reverse_order():
+    """Explicit (shareable) blocks: request 0's two system-prompt blocks go to the free queue last block
+    first, so one pop past the uncached blocks evicts its block 1 and request 1 (same system prompt) still
+    hits block 0."""
+    rows = [[(SYSTEM, 8), (out(0), 1)], [(SYSTEM, 8), (msg(1), 4), (out(1), 1)]]
+    manager = BlockManager(4, 4, True, content_of(rows))  # 3 usable blocks
+    manager.sync(1)  # request 0 allocates 2 blocks
+    manager.cache(0, 8)
+    assert manager.free(0, 2, 8, 1) == 2
+    assert manager.lookup(1, 12, 3).num_blocks == 2
+    manager.sync(1)  # the uncached block, then request 0's block 1
+    hit = manager.lookup(1, 12, 1)
+    assert (hit.num_blocks, hit.num_evictable) == (1, 1)
+
+
+def test_eagle_drops_the_last_matched_block():
+    """With an EAGLE-family drafter the hit is one block shorter (vLLM ``drop_eagle_block``)."""
+    for use_eagle, want in ((False, 2), (True, 1)):
+        manager = BlockManager(10, 4, True, use_eagle=use_eagle)
+        manager.sync(6)
+        manager.free(0, 3, 8, 6)
+        hit = manager.lookup(0, 9, 9)
+        assert (hit.num_blocks, hit.num_evictable) == (want, want)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_prefix_caching_off_changes_nothing_and_reports_nothing(mode):
+    rows = [[(SYSTEM, 8), (out(0), 2)], [(SYSTEM, 8), (out(1), 2)]]
+    kw = dict(kv_blocks=100, block_size=4, mode=mode, step_model=flat_step_model(0.01))
+    on = run_engine([8, 8], [2, 2], [0, 0], enable_prefix_caching=True, content=content_of(rows), **kw)
+    off = run_engine([8, 8], [2, 2], [0, 0], enable_prefix_caching=False, content=content_of(rows), **kw)
+    assert on.output().prefix_cache["hits"] == 4
+    assert off.output().prefix_cache == {} and off.output().requests.num_cached_tokens.tolist() == [0, 0]
+    assert on.output().requests.num_cached_tokens.tolist() == [0, 4]
+
+
+# ------------------------------------------------------------------------------ step = run
+
+def _random_case(seed: int):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(5, 40))
+    prompt, output = rng.integers(1, 120, n), rng.integers(1, 60, n)
+    arrival = np.sort(rng.uniform(0, 0.5, n))
+    content = None
+    if seed % 2:
+        shared = rng.integers(0, 80, n)
+        content = SequenceContent.unique(prompt, output).prepend(
+            content_id(NAMESPACE_SYSTEM_PROMPT, rng.integers(0, 3, n)), shared)
+        prompt = prompt + shared
+    kv = int(rng.integers(-(-int((prompt + output).max()) // 16) + 2, 60))  # tight: preemptions
+    kw = dict(kv_blocks=kv, block_size=16, max_num_batched_tokens=int(rng.integers(64, 512)),
+              enable_prefix_caching=True, content=content, async_scheduling=bool(seed % 3 == 0))
+    return prompt, output, arrival, kw
+
+
+@pytest.mark.parametrize("seed", range(24))
+def test_run_mode_equals_step_mode_with_shared_prefixes_and_preemptions(seed):
+    prompt, output, arrival, kw = _random_case(seed)
+    got = {}
+    for mode in MODES:
+        e = run_engine(prompt, output, arrival, mode=mode, tracer=StepTracer(), **kw)
+        o = e.output()
+        got[mode] = ([(s.start_ps, s.scheduled, s.preempted, s.kv_blocks_used, s.num_waiting, s.new_computed,
+                       s.prefix_cache) for s in e.tracer.steps],
+                     o.requests.finish_s.tolist(), o.requests.num_cached_tokens.tolist(), o.prefix_cache)
+    assert got["step"] == got["run"]
+
+
+WORKLOADS = {
+    "multi_turn": {"type": "multi_turn", "rate": 5, "num_sessions": 30, "turns": {"type": "uniform", "low": 1, "high": 5},
+                   "message_tokens": {"type": "fixed", "value": 150}, "output_tokens": {"type": "uniform", "low": 10, "high": 200},
+                   "think_time_s": 2},
+    "system_prompts": {"type": "poisson", "rate": 20, "num_requests": 150,
+                       "prompt_tokens": {"type": "uniform", "low": 5, "high": 300},
+                       "output_tokens": {"type": "uniform", "low": 5, "high": 200},
+                       "system_prompts": {"num_prompts": 4, "prompt_tokens": {"type": "uniform", "low": 100, "high": 900}}},
+    "mooncake_hash_ids": {"type": "trace", "path": "workloads/traces/conversation_trace.jsonl", "hash_ids": True,
+                          "max_requests": 150},
+}
+
+
+TIGHT_BLOCKS = {"multi_turn": 150, "system_prompts": 300, "mooncake_hash_ids": 9000}
+
+
+@pytest.mark.parametrize("name", sorted(WORKLOADS))
+@pytest.mark.parametrize("tight", [False, True])
+def test_summary_run_equals_step_on_prefix_workloads(name, tight):
+    """Whole runs through the config (the workload's content wired to the engine): the same summary and
+    requests in both modes, with prefix-cache hits, and with preemptions in a tight KV pool."""
+    results = {}
+    for mode in MODES:
+        config = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": WORKLOADS[name],
+                  "simulation": {"mode": mode}, "seed": 3,
+                  "engine": {"num_gpu_blocks_override": TIGHT_BLOCKS[name]} if tight else {}}
+        results[mode] = simulate(config)
+    step, fast = results["step"], results["run"]
+    assert json.dumps(step.summary, sort_keys=True) == json.dumps(fast.summary, sort_keys=True)
+    pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
+    assert fast.summary["prefix_cache"]["hits"] > 0
+    if tight:
+        assert fast.summary["preemptions"] > 0
+
+
+def test_metrics_per_replica_and_merged_and_off():
+    """Two replicas: each replica's summary has its own prefix-cache counters and the merged summary
+    their sums; hit_rate = hits / queries; requests.csv's num_cached_tokens sums to the first-admission
+    hits. With prefix caching off: no prefix_cache entry, num_cached_tokens all 0."""
+    config = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": WORKLOADS["system_prompts"], "seed": 1,
+              "deployment": {"replicas": 2}}
+    res = simulate(config)
+    merged, replicas = res.summary["prefix_cache"], [r["prefix_cache"] for r in res.summary["replicas"]]
+    for key in ("requests", "queries", "hits", "preempted_queries", "preempted_hits"):
+        assert merged[key] == sum(r[key] for r in replicas)
+    assert all(r["hits"] > 0 for r in replicas)
+    assert merged["requests"] == 150 and merged["hit_rate"] == merged["hits"] / merged["queries"]
+    assert int(res.requests["num_cached_tokens"].sum()) == merged["hits"]
+    off = simulate({**config, "engine": {"enable_prefix_caching": False}})
+    assert "prefix_cache" not in off.summary and not off.requests["num_cached_tokens"].any()
+    assert off.summary["ttft_s"]["mean"] > res.summary["ttft_s"]["mean"]  # the cached prefixes are not recomputed
