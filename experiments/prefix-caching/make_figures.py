@@ -93,12 +93,18 @@ def markdown(frame: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def hit_rate_columns(data: pd.DataFrame) -> list[str]:
+    """The engine's prefix-cache hit-rate columns of a sweep table (``prefix_cache.hit_rate``), if any."""
+    return [c for c in data.columns if "prefix_cache" in c and c.endswith("hit_rate") and not c.startswith("router.")]
+
+
 def mooncake(jobs: int, plt) -> None:
     data = sweep("mooncake-prefix-caching-sweep.yaml", OUT / "mooncake", jobs)
     caps = {variant: capacity("mooncake-conv-llama8b-h100.yaml", [f"engine.enable_prefix_caching={on}"],
                               OUT / f"mooncake-capacity-{variant}")
             for variant, on in (("no_prefix_caching", "false"), ("prefix_caching", "true"))}
-    table = data[["variant", "rate_scale", "request_throughput", "ttft_s.p50", "ttft_s.p99", "tpot_s.p99"]]
+    table = data[["variant", "rate_scale", "request_throughput", "ttft_s.p50", "ttft_s.p99", "tpot_s.p99",
+                  *hit_rate_columns(data)]]
     print("## Mooncake conversation trace, one H100: prefix caching off / on\n")
     print(markdown(table))
     print("\ncapacity (p90 TTFT <= 2 s, p99 TPOT <= 50 ms, requests/s): "
@@ -118,7 +124,7 @@ def mooncake(jobs: int, plt) -> None:
 
 def routing(jobs: int, plt) -> None:
     data = sweep("chat-routing-sweep.yaml", OUT / "routing", jobs)
-    hit_columns = [c for c in data.columns if "prefix_cache" in c and c.endswith("hit_rate") and not c.startswith("router.")]
+    hit_columns = hit_rate_columns(data)
     columns = ["variant", "sessions_per_s", "request_throughput", "ttft_s.p50", "ttft_s.p99", "tpot_s.p99",
                "router.prefix_match_rate", *hit_columns]
     table = data[[c for c in columns if c in data.columns]]
@@ -150,7 +156,8 @@ def routing(jobs: int, plt) -> None:
 
 def speculation(jobs: int, plt) -> None:
     data = sweep("speculation-prefix-caching-sweep.yaml", OUT / "speculation", jobs)
-    table = data[["variant", "rate_scale", "request_throughput", "ttft_s.mean", "tpot_s.mean", "e2e_s.mean"]]
+    table = data[["variant", "rate_scale", "request_throughput", "ttft_s.mean", "tpot_s.mean", "e2e_s.mean",
+                  *hit_rate_columns(data)]]
     print("## Speculation (EAGLE k = 3) with and without prefix caching, Mooncake, one H100\n")
     print(markdown(table) + "\n")
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
