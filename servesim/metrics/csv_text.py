@@ -21,6 +21,8 @@ and decimal parsing are both correctly rounded); any other value (a TPOT, a shar
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 
 #: Significant digits written for floats (relative rounding error <= 5e-12).
@@ -224,7 +226,16 @@ def column_parts(x: np.ndarray, full_precision: bool = False) -> list[np.ndarray
 
 
 def csv_chunks(columns: dict[str, np.ndarray], full_precision: bool = False) -> list[bytes]:
-    """The CSV text (header line, then one ``\\n``-terminated line per row) as a list of byte chunks.
+    """The CSV text (header line, then one ``\\n``-terminated line per row) as a list of byte chunks
+    (:func:`iter_csv_chunks`, collected)."""
+    return list(iter_csv_chunks(columns, full_precision))
+
+
+def iter_csv_chunks(columns: dict[str, np.ndarray], full_precision: bool = False) -> Iterator[bytes]:
+    """The CSV text (header line, then one ``\\n``-terminated line per row), one byte chunk at a time.
+
+    The header comes first, then one chunk per :data:`CHUNK_ROWS` rows, each formatted when it is asked
+    for: writing the chunks as they come holds one chunk's text in memory, never the whole file's.
 
     Args:
         columns: name -> 1-D int, bool or float array, all of shape (n,). Names must not contain commas,
@@ -241,8 +252,11 @@ def csv_chunks(columns: dict[str, np.ndarray], full_precision: bool = False) -> 
     lengths = {a.shape[0] for a in arrays}
     if len(lengths) > 1:
         raise ValueError(f"CSV columns have different lengths: {sorted(lengths)}")
-    n = lengths.pop() if lengths else 0
-    chunks = [header]
+    return _chunks(header, arrays, lengths.pop() if lengths else 0, full_precision)
+
+
+def _chunks(header: bytes, arrays: list[np.ndarray], n: int, full_precision: bool) -> Iterator[bytes]:
+    yield header
     for lo in range(0, n, CHUNK_ROWS):
         rows = min(CHUNK_ROWS, n - lo)
         comma = np.full((rows, 1), _COMMA, dtype=np.uint8)
@@ -251,8 +265,7 @@ def csv_chunks(columns: dict[str, np.ndarray], full_precision: bool = False) -> 
             parts.extend(column_parts(a[lo:lo + rows], full_precision))
             parts.append(comma)
         parts[-1] = np.full((rows, 1), _NEWLINE, dtype=np.uint8)
-        chunks.append(np.concatenate(parts, axis=1).tobytes().translate(None, b"\x00"))
-    return chunks
+        yield np.concatenate(parts, axis=1).tobytes().translate(None, b"\x00")
 
 
 def csv_bytes(columns: dict[str, np.ndarray], full_precision: bool = False) -> bytes:

@@ -15,7 +15,7 @@ import numpy as np
 
 from servesim.atomic import atomic_file
 from servesim.engine.output import EngineOutput, StepLog
-from servesim.metrics.csv_text import csv_chunks
+from servesim.metrics.csv_text import iter_csv_chunks
 from servesim.metrics.latencies import request_latencies
 from servesim.metrics.summary import json_safe
 
@@ -80,5 +80,5 @@ def write_outputs(out: EngineOutput, summary: dict, out_dir: Path) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
     atomic_write(out_dir / "summary.json", [text.encode("utf-8")])
-    atomic_write(out_dir / "requests.csv", csv_chunks(request_columns(out), full_precision=True))
-    atomic_write(out_dir / "steps.csv", csv_chunks(step_columns(out), full_precision=True))
+    atomic_write(out_dir / "requests.csv", iter_csv_chunks(request_columns(out), full_precision=True))
+    atomic_write(out_dir / "steps.csv", iter_csv_chunks(step_columns(out), full_precision=True))
