@@ -208,6 +208,10 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
                     info["async_scheduling"])
 
 
+ACCEPTANCE_DRAW_CHUNK = 1 << 20
+"""Uniforms drawn at a time when the acceptance of every round is tabulated at load time (8 MiB of float64)."""
+
+
 def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSequence):
     """Acceptance profile, k schedule and pre-drawn uniforms of a speculative run."""
     from servesim.seeding import STREAM_ACCEPTANCE, STREAM_FACTORS, child_seed
@@ -237,23 +241,29 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
         )
         tree_nodes = tree.verify_width - 1
     total_rounds = int(np.asarray(workload.output_tokens, dtype=np.int64).sum())
-    uniforms = np.random.default_rng(child_seed(root, STREAM_ACCEPTANCE)).random(total_rounds)
+    acceptance_rng = np.random.default_rng(child_seed(root, STREAM_ACCEPTANCE))
     n = len(workload.output_tokens)
     factors = None
     h = getattr(profile, "heterogeneity", None)
     if h is not None and h.enabled:
         factors = profile.request_factors(np.random.default_rng(child_seed(root, STREAM_FACTORS)), n)
-    accept_table = None
+    accept_table = uniforms = None
     decay = getattr(profile, "context_decay", None)
     if factors is None and (decay is None or not decay.enabled):
-        # acceptance depends only on the draw: A(u) = #{i <= K : u < p_i} for every round at once
+        # acceptance depends only on the draw: A(u) = #{i <= K : u < p_i} for every round at once, built
+        # from the same stream of uniforms drawn in chunks (a Generator's doubles do not depend on how the
+        # draws are split), so that no float64 per output token is held beside the table
         p = np.cumprod(profile.conditional_rates(spec.num_speculative_tokens))
         accept_table = np.zeros(total_rounds, dtype=np.int32)
-        for p_i in p:
-            accept_table += uniforms < p_i
-        if spec.drafts_may_be_empty:
-            accept_table[profile.draft_is_empty(uniforms)] = -1
-        uniforms = None
+        for start in range(0, total_rounds, ACCEPTANCE_DRAW_CHUNK):
+            chunk = acceptance_rng.random(min(ACCEPTANCE_DRAW_CHUNK, total_rounds - start))
+            table = accept_table[start: start + chunk.size]
+            for p_i in p:
+                table += chunk < p_i
+            if spec.drafts_may_be_empty:
+                table[profile.draft_is_empty(chunk)] = -1
+    else:
+        uniforms = acceptance_rng.random(total_rounds)
     return SpecSetup(
         accept_table=accept_table,
         tree_nodes=tree_nodes,
