@@ -14,7 +14,8 @@ drafted; ``-1`` = the n-gram proposer finds no match and drafts nothing in that 
 
 The scheduler is vLLM's real ``Scheduler`` (``AsyncScheduler`` with ``async_scheduling``) built from
 configs alone: a tiny local model config (``oracle/models/``), one full-attention KV group with the
-scenario's number of blocks, prefix caching off (servesim does not model it). The model is faked: every
+scenario's number of blocks, prefix caching as the scenario says (``engine.enable_prefix_caching``; then the
+request tokens come from the scenario's ``segments``, see ``content_token``). The model is faked: every
 request whose scheduled tokens reach its known tokens samples ``1 + min(drafts scheduled, A_j)`` tokens;
 the drafter proposes ``k`` drafts (vLLM's ``num_spec_tokens_to_schedule`` of the step) for every request
 that sampled, or none in an n-gram round with ``A_j = -1``. Requests end by ``max_tokens`` with
@@ -25,6 +26,8 @@ Trace (one entry per ``schedule()`` call that scheduled tokens): ``scheduled`` =
 drafts]`` in vLLM's order (running requests in running order, then admissions), ``preempted`` = victims in
 order, ``kv_blocks_used`` = blocks held after scheduling (null block excluded), ``num_waiting`` = waiting
 requests before scheduling, ``k`` = ``num_spec_tokens_to_schedule`` (the drafts proposed after this step).
+With prefix caching also ``new_computed`` = ``[request, num_computed_tokens]`` of the requests taken from
+WAITING (the prefix-cache hit, tokens) and ``prefix_cache`` = the step's ``PrefixCacheStats``.
 """
 
 from __future__ import annotations
