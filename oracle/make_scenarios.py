@@ -357,6 +357,20 @@ def prefix_scenarios(add) -> None:
         engine(tokens=48, blocks=60, **pc),
         with_content(shared_prompt_turns(280, 8, [100], (10, 50), (10, 40)), 280, k=3),
         spec("mtp", 3, layers=3))
+    add("prefix_eagle_whole_prompt_cached", "EAGLE k=3, prompts of exactly a cached 64-token prompt or 1-2 tokens "
+        "more: the num_tokens - 1 cap, then the block drop (64 -> 32; 65, 66 -> 48)",
+        engine(**pc), with_content(shared_prompt_turns(263, 10, [64], (0, 2), (5, 20)), 263, k=3), spec("eagle", 3))
+    add("prefix_draft_model_k3", "draft model k=3 with a shared system prompt: no block drop, one budget slot "
+        "per scheduled request; budget 96 so that hits decide how many prompts fit in a step",
+        engine(tokens=96, **pc),
+        with_content(shared_prompt_turns(264, 10, [100], (10, 50), (10, 40), arrivals="zero"), 264, k=3),
+        spec("draft_model", 3))
+    # --- chunked prefill off: a prompt is admitted only if what is left after its hit fits the budget
+    nochunk = shared_prompt_turns(265, 12, [112], (5, 40), (5, 30), arrivals=[0] * 6 + [30] * 6)
+    nochunk[0]["parts"][-1] = ("message", "s0", 8)  # the first prompt (120 tokens) fits the budget whole
+    add("prefix_no_chunked_prefill", "chunked prefill off, budget 200, bursts of 6 with a 112-token shared prompt: "
+        "each prompt is admitted whole if its tokens after the hit fit what is left of the budget",
+        engine(tokens=200, chunked=False, max_model_len=200, **pc), with_content(nochunk, 265))
     # --- async scheduling
     add("prefix_async_plain", "async scheduling with a shared system prompt and multi-turn conversations",
         engine(async_scheduling=True, **pc),

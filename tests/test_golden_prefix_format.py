@@ -192,6 +192,23 @@ def test_whole_cached_prompt_recomputes_its_last_block():
 def test_eagle_drops_the_last_matching_block():
     hits = {h for st in named("prefix_eagle_k3")["steps"] for _, h in st["new_computed"]}
     assert 80 in hits and 96 not in hits  # the 100-token system prompt: 6 blocks match, 5 are used
+    golden = named("prefix_eagle_whole_prompt_cached")
+    requests = golden["scenario"]["requests"]
+    later = [a for a in admissions(golden) if a["request"] > 0]
+    assert {requests[a["request"]]["prompt_tokens"] for a in later} >= {64, 65}
+    for adm in later:  # the num_tokens - 1 cap, whole blocks, then one block less: 64 -> 32, 65 and 66 -> 48
+        assert adm["hit"] == ((requests[adm["request"]]["prompt_tokens"] - 1) // 16 - 1) * 16
+
+
+def test_without_chunked_prefill_hits_let_prompts_fit_the_budget():
+    golden = named("prefix_no_chunked_prefill")
+    requests, budget = golden["scenario"]["requests"], golden["scenario"]["engine"]["max_num_batched_tokens"]
+    first = golden["steps"][0]
+    assert sum(requests[r]["prompt_tokens"] for r, _ in first["new_computed"]) > budget
+    scheduled = {r: n for r, n, _ in first["scheduled"]}
+    for r, hit in first["new_computed"]:  # each admitted whole: all of its prompt after the hit
+        assert scheduled[r] == requests[r]["prompt_tokens"] - hit
+    assert sum(scheduled.values()) <= budget
 
 
 def test_multi_turn_hits_reach_into_the_previous_output():
