@@ -34,6 +34,19 @@ def requests(seed: int, n: int, prompt: tuple[int, int], output: tuple[int, int]
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     prompts = rng.integers(prompt[0], prompt[1] + 1, n)
     outputs = rng.integers(output[0], output[1] + 1, n)
+    steps = arrival_steps(rng, n, arrivals)
+    out = []
+    for i in range(n):
+        row = {"arrival_step": int(steps[i]), "prompt_tokens": int(prompts[i]), "output_tokens": int(outputs[i])}
+        if k:
+            row["accept"] = accept_rounds(rng, int(outputs[i]), k, alpha, empty_share)
+        out.append(row)
+    return out
+
+
+def arrival_steps(rng, n: int, arrivals: str | list) -> np.ndarray:
+    """Arrival steps: ``spread`` (sorted uniform over ``0..4n``, the first at 0), ``burst`` (half at 0, half at
+    40), ``zero``, or the given list."""
     if arrivals == "spread":
         steps = np.sort(rng.integers(0, 4 * n, n))
         steps[0] = 0
@@ -44,17 +57,17 @@ def requests(seed: int, n: int, prompt: tuple[int, int], output: tuple[int, int]
         steps = np.zeros(n, dtype=int)
     else:
         steps = np.asarray(arrivals)
-    out = []
-    for i in range(n):
-        row = {"arrival_step": int(steps[i]), "prompt_tokens": int(prompts[i]), "output_tokens": int(outputs[i])}
-        if k:
-            u = rng.random((int(outputs[i]), k))
-            acc = np.cumprod(u < alpha, axis=1).sum(axis=1)
-            if empty_share:
-                acc[rng.random(int(outputs[i])) < empty_share] = -1
-            row["accept"] = [int(a) for a in acc]
-        out.append(row)
-    return out
+    return steps
+
+
+def accept_rounds(rng, outputs: int, k: int, alpha: float = 0.7, empty_share: float = 0.0) -> list[int]:
+    """``A_j`` for ``outputs`` rounds: accepted drafts of ``k`` at per-position acceptance ``alpha``, ``-1``
+    (n-gram: no match) with probability ``empty_share``."""
+    u = rng.random((outputs, k))
+    acc = np.cumprod(u < alpha, axis=1).sum(axis=1)
+    if empty_share:
+        acc[rng.random(outputs) < empty_share] = -1
+    return [int(a) for a in acc]
 
 
 def engine(seqs=8, tokens=256, blocks=64, block_size=16, chunked=True, async_scheduling=False, max_model_len=8192,
@@ -75,15 +88,6 @@ NAMESPACE_SHIFT = 56
 
 def content_id(namespace: int, index: int) -> int:
     return namespace << NAMESPACE_SHIFT | index
-
-
-def accept_rounds(rng, outputs: int, k: int, alpha: float = 0.7, empty_share: float = 0.0) -> list[int]:
-    """``A_j`` per output token (as in ``requests``)."""
-    u = rng.random((outputs, k))
-    acc = np.cumprod(u < alpha, axis=1).sum(axis=1)
-    if empty_share:
-        acc[rng.random(outputs) < empty_share] = -1
-    return [int(a) for a in acc]
 
 
 def with_content(turns: list[dict], seed: int, k: int = 0, empty_share: float = 0.0) -> list[dict]:
@@ -122,13 +126,7 @@ def shared_prompt_turns(seed: int, n: int, system: list[int], message: tuple[int
     outs = rng.integers(output[0], output[1] + 1, n)
     which = rng.integers(0, len(system), n)
     shared = rng.random(n) < share
-    if arrivals == "spread":
-        steps = np.sort(rng.integers(0, 4 * n, n))
-        steps[0] = 0
-    elif arrivals == "zero":
-        steps = np.zeros(n, dtype=int)
-    else:
-        steps = np.asarray(arrivals)
+    steps = arrival_steps(rng, n, arrivals)
     turns = []
     for i in range(n):
         parts = [("system", int(which[i]), system[which[i]])] if shared[i] else []
