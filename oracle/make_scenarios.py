@@ -322,9 +322,12 @@ def prefix_scenarios(add) -> None:
         "caches its blocks at allocation, so the next ones admitted in that step already hit them",
         engine(**pc), with_content(same, 230))
     # --- chunked prefill of a long shared prompt
-    longp = shared_prompt_turns(240, 6, [300], (10, 40), (5, 20), arrivals=[0, 1, 2, 4, 7, 12])
-    add("prefix_chunked_long_prompt", "a 300-token shared prompt with a 64-token budget: requests arriving while "
-        "the first is still prefilling hit the blocks its chunks have filled so far",
+    longp = shared_prompt_turns(240, 6, [352], (5, 40), (5, 20), arrivals=[0, 1, 2, 4, 7, 12])
+    longp[0]["parts"][-1] = ("message", "s0", 10)  # chunks 64 x 5, then 42 tokens: 22 of the budget left
+    add("prefix_chunked_long_prompt", "a 352-token shared prompt with a 64-token budget: the first request's "
+        "chunks take the whole budget until its last one (42 tokens), whose blocks are cached at allocation, so "
+        "the request admitted with the 22 tokens left in that step hits all 352 shared tokens (not the 320 of "
+        "the earlier chunks)",
         engine(tokens=64, **pc), with_content(longp, 240))
     # --- 32-token blocks
     bs32 = shared_prompt_turns(250, 10, [75, 150], (10, 50), (5, 30))

@@ -238,6 +238,14 @@ def test_same_step_admissions_share_blocks():
     assert all(h > 0 for _, h in first["new_computed"][1:])  # hits on blocks allocated in this very step
 
 
+def test_blocks_of_a_last_chunk_are_hit_in_its_own_step():
+    golden = named("prefix_chunked_long_prompt")
+    requests = golden["scenario"]["requests"]
+    last_chunk = next(st for st in golden["steps"] if sum(n for r, n, _ in st["scheduled"] if r == 0) < 64)
+    assert last_chunk["new_computed"] == [[1, 352]]  # the 22 tokens of budget left; 320 before this chunk
+    assert requests[0]["prompt_tokens"] - 320 == last_chunk["scheduled"][0][1]
+
+
 def test_without_shared_content_only_preempted_requests_hit():
     golden = named("prefix_unique_tight_kv")
     sums = totals(golden)
