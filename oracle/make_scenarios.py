@@ -315,6 +315,10 @@ def prefix_scenarios(add) -> None:
     add("prefix_unique_tight_kv", "prefix caching with no shared content (every prompt its own message), tight "
         "pool: the only hits are preempted requests re-hitting their own blocks (counted as preempted_* stats)",
         engine(blocks=20, **pc), with_content(shared_prompt_turns(221, 12, [1], (20, 70), (30, 90), share=0.0), 221))
+    add("prefix_long_prompts_tight_kv", "long chunked prompts (budget 48) in a tight pool (24 blocks), a 64-token "
+        "shared prefix: a partial prefill is preempted and resumed, re-hitting the blocks its chunks had filled",
+        engine(tokens=48, blocks=24, **pc),
+        with_content(shared_prompt_turns(226, 10, [64], (40, 150), (20, 60)), 226))
     # --- same-step sharing
     same = shared_prompt_turns(230, 4, [80], (5, 30), (5, 20), arrivals=[0, 0, 0, 0])
     same += shared_prompt_turns(231, 3, [50], (5, 30), (5, 20), arrivals=[30, 30, 30], key="t")

@@ -159,8 +159,10 @@ def test_prefix_cache_stats_count_the_admissions(golden):
         assert stats["hits"] == sum(a["hit"] for a in first) <= stats["queries"]
         assert stats["preempted_hits"] == sum(a["hit"] for a in again)
         assert stats["preempted_hits"] <= stats["preempted_queries"]
-        # a resumed request's query is its whole sequence so far: prompt plus at least one output token
-        assert stats["preempted_queries"] >= sum(requests[a["request"]]["prompt_tokens"] + 1 for a in again)
+        # a resumed request's query is its whole sequence so far: its prompt and the output it had
+        assert sum(requests[a["request"]]["prompt_tokens"] for a in again) <= stats["preempted_queries"]
+        assert stats["preempted_queries"] <= sum(requests[a["request"]]["prompt_tokens"]
+                                                 + requests[a["request"]]["output_tokens"] - 1 for a in again)
         assert 0 <= st["kv_blocks_used"] <= golden["scenario"]["engine"]["num_gpu_blocks"] - 1
 
 
@@ -252,8 +254,16 @@ def test_without_shared_content_only_preempted_requests_hit():
     assert sums["hits"] == 0 and sums["preempted_requests"] > 0 and sums["preempted_hits"] > 0
 
 
+def test_partial_prefill_rehits_its_chunks():
+    golden = named("prefix_long_prompts_tight_kv")
+    requests = golden["scenario"]["requests"]
+    resumed = [a for a in admissions(golden) if a["resumed"]]
+    # a request resumed with a hit beyond the shared prefix but short of its prompt: its own chunks' blocks
+    assert any(64 < a["hit"] < requests[a["request"]]["prompt_tokens"] - 16 for a in resumed)
+
+
 def test_tight_pools_preempt_and_rehit():
-    for name in ("prefix_tight_kv", "prefix_eagle_tight_kv", "prefix_async_tight_kv"):
+    for name in ("prefix_tight_kv", "prefix_eagle_tight_kv", "prefix_async_tight_kv", "prefix_long_prompts_tight_kv"):
         golden = named(name)
         assert any(st["preempted"] for st in golden["steps"]), name
         assert totals(golden)["preempted_hits"] > 0, name
