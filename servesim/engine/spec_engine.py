@@ -100,12 +100,9 @@ class SpecEngine(Engine):
     :class:`~servesim.engine.core.Engine` plus ``spec``."""
 
     def __init__(self, *, spec: SpecSetup, **kwargs) -> None:
-        if kwargs.get("enable_prefix_caching"):
-            raise ValueError("prefix caching is not modelled with speculative decoding yet "
-                             "(servesim runs speculative decoding with enable_prefix_caching off)")
+        self.spec = spec  # before the base class builds the block manager (_use_eagle)
         super().__init__(**kwargs)
         n = self.n
-        self.spec = spec
         self.K = spec.schedule.K
         # draft tokens scheduled per request for k speculative positions: k for a chain, the tree's nodes
         # (below the root) for a draft tree of depth K
@@ -115,6 +112,15 @@ class SpecEngine(Engine):
         self.L = int(spec.lookahead)
         self.draft_slots = int(spec.draft_slots)
         self.prefill_lookahead = int(spec.prefill_lookahead)
+        # prefix caching: vLLM's num_reprefillable_tokens (multi-layer MTP: the last prefill_lookahead - 1
+        # tokens are not cached yet); every scheduling notes its cached tokens (_note_scheduled), since a
+        # verify step caches the tokens known when scheduled, not those computed after it (accepted drafts)
+        self.reprefill = max(self.prefill_lookahead - 1, 0)
+        self.note_cached = True
+        self.emitted = [0] * n  # tokens each request emitted at its last emission (async: those in flight)
+        self.kv_output_tokens = [0] * n  # async: tokens cached once the output before its last scheduling is processed
+        self.output_cached: dict[int, int] = {}  # async: finished request -> tokens its last output caches
+        self.known_at_join = [0] * n  # run mode, async: tokens known to vLLM when a decoder's first round is scheduled
         self.multi_partial = False  # run mode: several requests mid-prefill (MTP's chunk rule); plain steps then
         # async scheduling: drafts rejected in the step each request last verified in (``rej_step``); while
         # the next step is scheduled vLLM still counts them as computed, so that step's KV allocation is
@@ -178,7 +184,76 @@ class SpecEngine(Engine):
 
     def _preempt(self, victim: int) -> int:  # type: ignore[override]
         self.drafted[victim] = False
+        self.output_cached.pop(victim, None)  # async: its last output comes after it left (see _kv_cached)
         return super()._preempt(victim)
+
+    # ------------------------------------------------------------------ prefix caching
+    def _use_eagle(self) -> bool:  # type: ignore[override]
+        """vLLM's ``use_eagle`` (EAGLE, EAGLE-3, MTP: hits drop their last block): exactly the methods
+        with a ``num_prefill_lookahead_tokens`` of 1 or more; n-gram, Medusa and draft models keep it."""
+        return self.spec.prefill_lookahead >= 1
+
+    def _note_scheduled(self, r: int, n: int, t0: int) -> int:  # type: ignore[override]
+        """Request ``r`` is scheduled ``n`` tokens (drafts included) in the step starting at ``t0``: note and
+        return the tokens its blocks cache (vLLM ``allocate_slots``: ``min(num_computed + num_new,
+        num_tokens)``, ``num_tokens`` without drafts, so a verify caches only verified tokens; under async
+        scheduling without the tokens still in flight; less ``num_reprefillable_tokens``)."""
+        known = self.P[r] + self.gen[r]
+        if self.async_sched and self.gen[r] and self.last_emit[r] == t0:
+            known -= self.emitted[r]
+        cached = self.nc[r] + n
+        if cached > known:
+            cached = known
+        cached -= self.reprefill
+        if cached < 0:
+            cached = 0
+        self.kv_cached_tokens[r] = cached
+        if self.async_sched:
+            # vLLM's AsyncScheduler caches again when it processes an output (``_update_request_with_output``:
+            # the computed tokens less those in flight); the previous step's output is processed after this
+            # scheduling, with its computed tokens as they are now
+            out = (self.nc[r] if self.nc[r] < self.P[r] + self.gen[r] else self.P[r] + self.gen[r]) - self.reprefill
+            self.kv_output_tokens[r] = out if out > 0 else 0
+        return cached
+
+    def _kv_cached(self, r: int) -> int:  # type: ignore[override]
+        """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
+        scheduling by the outputs processed since (a finished request's last output is processed before its
+        blocks are freed, a preempted one's after: it is then no longer running and caches nothing)."""
+        cached = self.kv_cached_tokens[r]
+        if self.async_sched:
+            out = self.output_cached.pop(r, self.kv_output_tokens[r])
+            if out > cached:
+                return out
+        return cached
+
+    def _finish(self, r: int, t1: int, sure: bool = True) -> None:  # type: ignore[override]
+        if self.async_sched and self.prefix_caching:
+            known = self.P[r] + self.gen[r]
+            out = (self.nc[r] if self.nc[r] < known else known) - self.reprefill
+            self.output_cached[r] = out if out > 0 else 0
+        super()._finish(r, t1, sure)
+
+    def _round_cached(self, timeline: tuple, r: int, i: int) -> int:
+        """Tokens aggregated decoder ``r``'s blocks cache when its round ``i`` is scheduled (see
+        :meth:`_note_scheduled`): its known tokens ``ncb_i + 1``, under async scheduling those before the
+        previous round's output (``ncb_{i-1} + 1``; for round 0, noted at join)."""
+        ncb = timeline[2]
+        if not self.async_sched:
+            known = int(ncb[i]) + 1
+        elif i:
+            known = int(ncb[i - 1]) + 1
+        else:
+            known = self.known_at_join[r]
+        return known - self.reprefill if known > self.reprefill else 0
+
+    def _decoder_cached_tokens(self, r: int, g: int) -> int:  # type: ignore[override]
+        timeline = self.tl[r]
+        return self._round_cached(timeline, r, g - timeline[0])
+
+    def _emit(self, r: int, t0: int, t1: int) -> bool:  # type: ignore[override]
+        self.emitted[r] = 1
+        return super()._emit(r, t0, t1)
 
     # ------------------------------------------------------------------ acceptance
     def _start_decode(self, r: int) -> None:
@@ -282,6 +357,12 @@ class SpecEngine(Engine):
             sched.append((r, n, d, a_full))
             budget -= n + ds
             idx += 1
+        if self.prefix_caching:
+            lagging = self.kv.lagging
+            for r, n, _, _ in sched:
+                cached = self._note_scheduled(r, n, t0)
+                if lagging and r in lagging:
+                    self.kv.cache(r, cached)
         if not preempted:
             adm: list[tuple[int, int]] = []
             budget, free = self._admit(t0, budget, free, len(running), adm, L)
@@ -334,6 +415,7 @@ class SpecEngine(Engine):
                 gen[r] += e
                 nc[r] = c + 1 + acc
                 self.last_emit[r] = t1
+                self.emitted[r] = e
                 if gen[r] >= O[r]:
                     self._finish(r, t1, sure=gen[r] - e + 1 >= O[r])
             else:
@@ -375,7 +457,11 @@ class SpecEngine(Engine):
         with a fixed q those three follow from B and NCB. The rounds actually run are recorded as a
         segment when the decoder leaves, and counted (vLLM's counters) once, at the end.
         """
-        k = self.k_agg if k is None else k
+        if k is None:
+            k = self.k_agg
+            if self.async_sched and self.prefix_caching:  # retimed decoders keep theirs (set at _leave)
+                inflight = self.emitted[r] if self.last_emit[r] == self.now else 0
+                self.known_at_join[r] = self.P[r] + self.gen[r] - inflight
         nc0, gen0, blk0, j0 = self.nc[r], self.gen[r], self.blk[r], self.rounds[r]
         jt, table = self.acc_table[r]
         remaining = self.O[r] - gen0
@@ -480,7 +566,8 @@ class SpecEngine(Engine):
 
     def _leave(self, r: int, g: int) -> int:  # type: ignore[override]
         """Remove decoder r at step g (its rounds before g done); write back its state; return its blocks."""
-        g0, J, ncb, held, acc, gen0, blk0, j0, newblk, q, k = self.tl.pop(r)
+        timeline = self.tl.pop(r)
+        g0, J, ncb, held, acc, gen0, blk0, j0, newblk, q, k = timeline
         m = g - g0
         end = g0 + J
         if m < J:
@@ -506,6 +593,8 @@ class SpecEngine(Engine):
             self.nc[r] = nc
             self.gen[r] = min(gen, self.O[r])
             blocks = int(held[m - 1])
+            if self.prefix_caching:
+                self._leave_cached(r, timeline, m)
         else:
             blocks = blk0
         self.blk[r] = blocks
@@ -513,6 +602,21 @@ class SpecEngine(Engine):
         self.B -= 1
         self.fing[r] = -1
         return blocks
+
+    def _leave_cached(self, r: int, timeline: tuple, m: int) -> None:
+        """Prefix caching: what decoder ``r``, leaving after ``m >= 1`` rounds, noted at its last round's
+        scheduling (as :meth:`_note_scheduled` does in a plain step), and its newly full shareable blocks."""
+        ncb = timeline[2]
+        before = int(ncb[m - 1])  # its computed tokens when its last round was scheduled
+        cached = self._round_cached(timeline, r, m - 1)
+        self.kv_cached_tokens[r] = cached
+        if self.async_sched:
+            self.kv_output_tokens[r] = before - self.reprefill if before > self.reprefill else 0
+            self.emitted[r] = self.gen[r] - (timeline[5] + before - int(ncb[0]))
+            self.known_at_join[r] = before + 1  # known when the next step is scheduled (its last round in flight)
+        lagging = self.kv.lagging
+        if lagging and r in lagging:
+            self.kv.cache(r, cached)
 
     def _trace_tokens(self, r: int, g: int):  # type: ignore[override]
         """(tokens, drafts) per step from step g of aggregated decoder r (lists, or ints when fixed)."""
@@ -632,10 +736,22 @@ class SpecEngine(Engine):
             if waiting and len(self.running) < self.max_seqs:
                 h = waiting[0]
                 total = self.P[h] + self.gen[h]
-                if -(-total // self.bs) <= self.free - nb:
+                need = -(-total // self.bs)
+                left = total
+                if self.prefix_caching and (self.kv.shareable is not None or h in self.kv.own_runs):
+                    if self.kv.lagging:
+                        # running requests still fill blocks the head might hit: no run (as in the plain
+                        # engine's _head_blocked; otherwise free blocks and hits only shrink within a run)
+                        need = -1
+                        blocked = False
+                    else:
+                        hit = self.kv.lookup(h, total, self.free - nb)
+                        need += hit.num_evictable - hit.num_blocks
+                        left = total - hit.num_blocks * self.bs
+                if 0 <= need <= self.free - nb:
                     # the head takes its own drafting slots (draft models) out of what the decoders leave
-                    blocked = budget <= ds or (not self.chunked and total > budget - ds)
-                    head_tokens = total  # blocked by the token budget only, which varies within a run
+                    blocked = budget <= ds or (not self.chunked and left > budget - ds)
+                    head_tokens = left  # blocked by the token budget only, which varies within a run
             if blocked:
                 self._spec_run(g, B, head_tokens)
                 return
@@ -861,6 +977,12 @@ class SpecEngine(Engine):
                 t_dec += q
                 ctx += c + q
                 pairs += q * c + q * (q + 1) // 2
+        if self.prefix_caching:
+            chunks = [(z, entry[0]) for z, entry in zombies.items()] + sched if zombies else sched
+            for r, n in chunks:
+                self._note_scheduled(r, n, t0)
+            if self.kv.lagging:
+                self._cache_scheduled(g, chunks)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched, L)
         self.free = free
