@@ -12,11 +12,19 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
 from engine_helpers import flat_step_model, run_engine
 from servesim import simulate
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager
+from servesim.engine.spec_engine import SpecEngine, SpecSetup
 from servesim.engine.step_trace import StepTracer
+from servesim.roofline import PS_PER_S
+from servesim.speculation.config import SpeculativeConfig
+from servesim.speculation.costs import DrafterCost
+from servesim.speculation.profile import load_profile
+from servesim.speculation.schedule import KSchedule
 from servesim.workload.content import (
     NAMESPACE_MESSAGE,
     NAMESPACE_OUTPUT,
@@ -216,6 +224,111 @@ def test_prefix_caching_off_changes_nothing_and_reports_nothing(mode):
     assert on.output().prefix_cache["hits"] == 4
     assert off.output().prefix_cache == {} and off.output().requests.num_cached_tokens.tolist() == [0, 0]
     assert on.output().requests.num_cached_tokens.tolist() == [0, 4]
+
+
+# ------------------------------------------------------------------------------ with speculative decoding
+
+def run_spec(prompt, output, arrival_s, mode, method, k, accept, kv_blocks=100, content=None, block_size=4,
+             max_num_batched_tokens=8192, async_scheduling=False, mtp_layers=1, tracer=True) -> SpecEngine:
+    """A speculative engine (free drafter, flat 10 ms step) whose request ``r`` accepts ``accept[r][j]``
+    drafts in its ``j``-th verification round (0 past the list), as the oracle's fake model runner."""
+    cfg = SpeculativeConfig.model_validate({"method": method, "num_speculative_tokens": k, "acceptance": {"alpha": 0.7},
+                                            **({"draft_cost": 0.1} if method == "draft_model" else {})})
+    table = np.concatenate([np.asarray(list(a)[:o] + [0] * (o - len(a[:o])), dtype=np.int32)
+                            for a, o in zip(accept, output)])
+    setup = SpecSetup(schedule=KSchedule(k, None), lookahead=cfg.lookahead_slots, disable_by_batch_size=None,
+                      drafts_may_be_empty=cfg.drafts_may_be_empty,
+                      drafter=DrafterCost(kind="cpu", cpu_subps_per_request=0), profile=load_profile({"alpha": 0.7}),
+                      uniforms=None, factors=None, accept_table=table, draft_slots=cfg.max_num_new_slots_for_drafting,
+                      prefill_lookahead=cfg.num_prefill_lookahead_tokens(mtp_layers))
+    times = np.rint(np.asarray(arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
+    engine = SpecEngine(spec=setup, prompt_tokens=np.asarray(prompt), output_tokens=np.asarray(output),
+                        arrivals=ArrivalSource(times=times, num_requests=len(times)), step_time=flat_step_model(0.01),
+                        kv_blocks_total=kv_blocks, block_size=block_size, max_num_seqs=16,
+                        max_num_batched_tokens=max_num_batched_tokens, mode=mode, async_scheduling=async_scheduling,
+                        enable_prefix_caching=True, content=content)
+    engine.tracer = StepTracer() if tracer else None
+    env = simpy.Environment()
+    env.process(engine.process(env))
+    env.run()
+    return engine
+
+
+def hits(engine) -> list[list[tuple[int, int]]]:
+    return [s.new_computed for s in engine.tracer.steps if s.new_computed]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("method, drop", [("eagle", True), ("eagle3", True), ("mtp", True), ("ngram", False),
+                                          ("draft_model", False), ("medusa", False)])
+def test_eagle_family_hits_drop_their_last_block_other_methods_do_not(mode, method, drop):
+    """A: a 12-token system prompt, 2 outputs (its 3 prompt blocks cached). B (after A finished): the
+    system prompt + 3 tokens of its own (15): cap (15 - 1) // 4 = 3 blocks = 12 tokens; EAGLE, EAGLE-3
+    and MTP then drop the last one (vLLM ``use_eagle``): 8."""
+    rows = [[(SYSTEM, 12), (out(0), 2)], [(SYSTEM, 12), (msg(1), 3), (out(1), 1)]]
+    e = run_spec([12, 15], [2, 1], [0, 0.1], mode, method, 2, [[0], []], content=content_of(rows))
+    assert hits(e) == [[(0, 0)], [(1, 8 if drop else 12)]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_verify_step_caches_verified_tokens_not_drafts(mode):
+    """n-gram k = 3, block size 4. A: message m0 (3 tokens), 12 outputs, accepting 0, 0, 3 drafts. Step 0:
+    prefill, 1 token sampled (4 known). Step 1 schedules 1 + 3 tokens: cached min(3 + 4, 4) = 4 tokens
+    (block 0), not the drafts; 0 accepted. Step 2: 5 known: still block 0 only (with the drafts it would
+    be 4 + 4 = 8, two blocks). B arrives during step 1 with m0 + o0's first 5 tokens + 2 of its own (10):
+    hit 1 block (4 tokens) in step 2, 6 computed."""
+    rows = [[(msg(0), 3), (out(0), 12)], [(msg(0), 3), (out(0), 5), (msg(1), 2), (out(1), 1)]]
+    e = run_spec([3, 10], [12, 1], [0, 0.015], mode, "ngram", 3, [[0, 0, 3, 3], []], content=content_of(rows))
+    assert [s.scheduled for s in e.tracer.steps[:3]] == [[(0, 3, 0)], [(0, 4, 3)], [(0, 4, 3), (1, 6, 0)]]
+    assert hits(e) == [[(0, 0)], [(1, 4)]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("method, drop", [("ngram", False), ("eagle", True)])
+def test_next_turn_hits_the_verified_output_of_the_previous_turn(mode, async_scheduling, method, drop):
+    """k = 3, turn 1: m0 (5 tokens), 7 outputs, accepting 3 and 3. Sync: step 0 samples token 6; step 1
+    caches 6 known tokens (block 0), accepts 3 (10 known); step 2 caches 10 (block 1) and finishes (7
+    outputs of 8 emitted): 13 computed tokens, but 8 cached (its last scheduling). Async: the last
+    output is processed before the blocks are freed (vLLM's ``AsyncScheduler`` caches again then,
+    computed tokens = 13 capped at the 12 known): 12 cached. Turn 2 (after turn 1) resends m0 + o0 + 2
+    tokens (14): cap 3 blocks; hits 8 (sync) and 12 (async), a block less with EAGLE."""
+    rows = [[(msg(0), 5), (out(0), 7)], [(msg(0), 5), (out(0), 7), (msg(1), 2), (out(1), 1)]]
+    e = run_spec([5, 14], [7, 1], [0, 0.5], mode, method, 3, [[3, 3], []], content=content_of(rows),
+                 async_scheduling=async_scheduling)
+    want = (12 if async_scheduling else 8) - (4 if drop else 0)
+    assert hits(e) == [[(0, 0)], [(1, want)]]
+    assert e.output().requests.num_cached_tokens.tolist() == [0, want]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_preempted_spec_request_rehits_the_blocks_cached_when_last_scheduled(mode):
+    """n-gram k = 1, every draft accepted, 5 usable blocks. Step 0: A (8 tokens) and B (6) prefill (2
+    blocks each), 1 token each. Step 1: both verify 2 tokens; A takes a third block; B caches min(6 + 2,
+    7) = 7 tokens (block 0 only), then computes 8 (the accepted draft fills block 1, not cached yet).
+    Step 2: B needs a third block, none is free: B is preempted; A finishes (5 outputs). Step 3: B (9
+    known tokens) re-hits its block 0: 4 tokens (its block 1 has no hash), 5 computed."""
+    e = run_spec([8, 6], [5, 8], [0, 0], mode, "ngram", 1, [[1] * 8, [1] * 8], kv_blocks=6)
+    assert [([(r, n) for r, n, _ in s.scheduled], s.preempted, s.kv_blocks_used, s.new_computed)
+            for s in e.tracer.steps[:4]] == [
+        ([(0, 8), (1, 6)], [], 4, [(0, 0), (1, 0)]), ([(0, 2), (1, 2)], [], 5, []), ([(0, 2)], [1], 3, []),
+        ([(1, 5)], [], 3, [(1, 4)])]
+    stats = e.prefix_cache_stats
+    assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (1, 9, 4)
+
+
+def test_mtp_with_several_layers_caches_all_but_its_last_k_minus_one_tokens():
+    """MTP with 3 layers, k = 3 (vLLM ``num_reprefillable_tokens`` = 2). A: 13 prompt tokens (own), then
+    B, after A finished, the same 13 + 3 (16): A's last scheduling cached min(13 + 4, 14) - 2 = 12
+    tokens (3 blocks), so B's cap (16 - 1) // 4 = 3 blocks all hit, less the EAGLE-family drop: 8.
+    With one MTP layer nothing is held back: A cached 14 tokens, same 3 full blocks, same hit; with
+    a 12-token prompt (12 + 1 known, 12 + 1 - 2 = 11 cached: 2 blocks) the held-back tokens show: 4."""
+    for prompt, layers, want in ((13, 3, 8), (13, 1, 8), (12, 3, 4), (12, 1, 8)):
+        rows = [[(SYSTEM, prompt), (out(0), 2)], [(SYSTEM, prompt), (msg(1), 3), (out(1), 1)]]
+        for mode in MODES:
+            e = run_spec([prompt, prompt + 3], [2, 1], [0, 0.1], mode, "mtp", 3, [[0], []],
+                         content=content_of(rows), mtp_layers=layers)
+            assert hits(e)[1] == [(1, want)], (prompt, layers, mode)
 
 
 # ------------------------------------------------------------------------------ step = run
