@@ -363,6 +363,36 @@ def test_run_mode_equals_step_mode_with_shared_prefixes_and_preemptions(seed):
     assert got["step"] == got["run"]
 
 
+SPEC_METHODS = [("eagle", 1), ("ngram", 1), ("draft_model", 1), ("mtp", 3), ("eagle3", 1), ("medusa", 1)]
+
+
+@pytest.mark.parametrize("seed", range(18))
+def test_spec_run_mode_equals_step_mode_with_shared_prefixes_and_preemptions(seed):
+    """Speculative decoding with prefix caching (every method, sync and async, tight pools, shared system
+    prompts on odd seeds, random acceptance with empty n-gram rounds): identical steps, hits, statistics,
+    finish times and speculative counters in both modes."""
+    prompt, output, arrival, kw = _random_case(seed)
+    method, layers = SPEC_METHODS[seed % len(SPEC_METHODS)]
+    rng = np.random.default_rng(1000 + seed)
+    k = 3
+    accept = [rng.integers(-1 if method == "ngram" else 0, k + 1, int(o)).tolist() for o in output]
+    lookahead = k if method in ("eagle", "eagle3", "mtp", "draft_model") else 0
+    kv = max(kw["kv_blocks"], -(-int((prompt + output).max() + k + lookahead) // 16) + 1)
+    got = {}
+    for mode in MODES:
+        e = run_spec(prompt, output, arrival, mode, method, k, accept, kv_blocks=kv, content=kw["content"],
+                     block_size=16, max_num_batched_tokens=kw["max_num_batched_tokens"],
+                     async_scheduling=kw["async_scheduling"], mtp_layers=layers)
+        o = e.output()
+        got[mode] = ([(s.start_ps, s.scheduled, s.preempted, s.kv_blocks_used, s.num_waiting, s.new_computed,
+                       s.prefix_cache) for s in e.tracer.steps],
+                     o.requests.finish_s.tolist(), o.requests.num_cached_tokens.tolist(), o.prefix_cache,
+                     o.spec_counters)
+    assert got["step"] == got["run"]
+    if seed % 2:
+        assert got["run"][3]["hits"] > 0
+
+
 WORKLOADS = {
     "multi_turn": {"type": "multi_turn", "rate": 5, "num_sessions": 30, "turns": {"type": "uniform", "low": 1, "high": 5},
                    "message_tokens": {"type": "fixed", "value": 150}, "output_tokens": {"type": "uniform", "low": 10, "high": 200},
@@ -394,6 +424,28 @@ def test_summary_run_equals_step_on_prefix_workloads(name, tight):
     assert json.dumps(step.summary, sort_keys=True) == json.dumps(fast.summary, sort_keys=True)
     pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
     assert fast.summary["prefix_cache"]["hits"] > 0
+    if tight:
+        assert fast.summary["preemptions"] > 0
+
+
+@pytest.mark.parametrize("name", ["multi_turn", "system_prompts"])
+@pytest.mark.parametrize("tight", [False, True])
+@pytest.mark.parametrize("method", ["eagle", "ngram"])
+def test_spec_summary_run_equals_step_on_prefix_workloads(name, tight, method):
+    """As above with speculative decoding (prefix caching stays on, as in vLLM): the same summary,
+    requests and speculative counters in both modes, with hits, and preemptions in a tight pool."""
+    results = {}
+    for mode in MODES:
+        config = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": WORKLOADS[name],
+                  "simulation": {"mode": mode}, "seed": 5,
+                  "speculative_config": {"method": method, "num_speculative_tokens": 3},
+                  "engine": {"num_gpu_blocks_override": TIGHT_BLOCKS[name]} if tight else {}}
+        results[mode] = simulate(config)
+    step, fast = results["step"], results["run"]
+    assert json.dumps(step.summary, sort_keys=True) == json.dumps(fast.summary, sort_keys=True)
+    pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
+    assert step.output.spec_counters == fast.output.spec_counters
+    assert fast.summary["prefix_cache"]["hits"] > 0 and fast.info["enable_prefix_caching"]
     if tight:
         assert fast.summary["preemptions"] > 0
 
