@@ -19,6 +19,20 @@ finished without vLLM knowing it would is scheduled once more (its output is dis
 (``num_speculative_tokens_per_batch_size``); V0's ``disable_by_batch_size`` turns speculation off when
 running requests >= the threshold: that step drafts nothing, so the next step verifies no drafts.
 
+Prefix caching (vLLM 0.32 keeps it on with every method; the block manager of
+:mod:`servesim.engine.block_manager`): a scheduled request caches its blocks up to ``min(num_computed +
+scheduled, num_tokens)`` tokens, ``num_tokens`` without drafts, so a verify step caches the tokens known
+when it is scheduled and accepted drafts are cached at the next scheduling (:meth:`SpecEngine._note_scheduled`;
+an aggregated decoder's round ``i`` caches ``ncb_i + 1``, :meth:`SpecEngine._round_cached`); multi-layer MTP
+holds back its last ``K - 1`` tokens (``num_reprefillable_tokens``); EAGLE, EAGLE-3 and MTP hits drop their
+last block (``use_eagle``). Under async scheduling the tokens in flight are not known yet, and vLLM caches
+again when it processes an output (``AsyncScheduler._update_request_with_output``: computed tokens less
+those in flight), which shows when a finished request's blocks are freed. Run mode stays exact for the
+reasons the plain engine's docstring gives: a run needs the waiting head blocked through it, and it is:
+no block is freed within a run, its whole-sequence check ``blocks(num_tokens) + evictable hits - hits >
+free`` only tightens as free blocks fall and evictions shorten the hit, and while running requests still
+fill blocks the head might hit there is no run.
+
 Acceptance. Request ``r``'s ``j``-th verification round uses the ``j``-th uniform of its own slice of one
 pre-drawn stream, ``u = U[offset_r + j]``, and accepts ``min(k, A_r(u))`` drafts where ``A_r(u) = #{i :
 u < p_i}`` over the (per-request, per-context) unconditional rates ``p_i`` (see
@@ -195,26 +209,35 @@ class SpecEngine(Engine):
 
     def _note_scheduled(self, r: int, n: int, t0: int) -> int:  # type: ignore[override]
         """Request ``r`` is scheduled ``n`` tokens (drafts included) in the step starting at ``t0``: note and
-        return the tokens its blocks cache (vLLM ``allocate_slots``: ``min(num_computed + num_new,
-        num_tokens)``, ``num_tokens`` without drafts, so a verify caches only verified tokens; under async
-        scheduling without the tokens still in flight; less ``num_reprefillable_tokens``)."""
-        known = self.P[r] + self.gen[r]
-        if self.async_sched and self.gen[r] and self.last_emit[r] == t0:
-            known -= self.emitted[r]
-        cached = self.nc[r] + n
-        if cached > known:
-            cached = known
-        cached -= self.reprefill
-        if cached < 0:
-            cached = 0
-        self.kv_cached_tokens[r] = cached
+        return the tokens its blocks cache (see :meth:`_note_many`)."""
+        self._note_many(((r, n),), t0)
+        return self.kv_cached_tokens[r]
+
+    def _note_many(self, items, t0: int, lagging=None) -> None:
+        """Requests ``items`` (``(request, tokens)`` pairs, drafts included) are scheduled in the step
+        starting at ``t0``: note the tokens their blocks cache (vLLM ``allocate_slots``: ``min(num_computed
+        + num_new, num_tokens)``, ``num_tokens`` without drafts, so a verify caches only verified tokens;
+        under async scheduling without the tokens still in flight; less ``num_reprefillable_tokens``) and,
+        for those in ``lagging``, cache their newly full shareable blocks. Under async scheduling also
+        note what the previous step's output caches when vLLM processes it, after this scheduling (its
+        computed tokens as they are now, see :meth:`_kv_cached`). One loop for a whole step (hot path)."""
+        P, gen, nc, held_back = self.P, self.gen, self.nc, self.reprefill
+        kv_cached = self.kv_cached_tokens
         if self.async_sched:
-            # vLLM's AsyncScheduler caches again when it processes an output (``_update_request_with_output``:
-            # the computed tokens less those in flight); the previous step's output is processed after this
-            # scheduling, with its computed tokens as they are now
-            out = (self.nc[r] if self.nc[r] < self.P[r] + self.gen[r] else self.P[r] + self.gen[r]) - self.reprefill
-            self.kv_output_tokens[r] = out if out > 0 else 0
-        return cached
+            last_emit, emitted, output_tokens = self.last_emit, self.emitted, self.kv_output_tokens
+        for r, n in items:
+            total = P[r] + gen[r]
+            cached = nc[r] + n
+            if self.async_sched:
+                known = total - emitted[r] if gen[r] and last_emit[r] == t0 else total
+                out = (nc[r] if nc[r] < total else total) - held_back
+                output_tokens[r] = out if out > 0 else 0
+            else:
+                known = total
+            cached = (cached if cached < known else known) - held_back
+            kv_cached[r] = cached = cached if cached > 0 else 0
+            if lagging and r in lagging:
+                self.kv.cache(r, cached)
 
     def _kv_cached(self, r: int) -> int:  # type: ignore[override]
         """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
@@ -358,11 +381,7 @@ class SpecEngine(Engine):
             budget -= n + ds
             idx += 1
         if self.prefix_caching:
-            lagging = self.kv.lagging
-            for r, n, _, _ in sched:
-                cached = self._note_scheduled(r, n, t0)
-                if lagging and r in lagging:
-                    self.kv.cache(r, cached)
+            self._note_many([(r, n) for r, n, _, _ in sched], t0, self.kv.lagging)
         if not preempted:
             adm: list[tuple[int, int]] = []
             budget, free = self._admit(t0, budget, free, len(running), adm, L)
