@@ -318,11 +318,11 @@ def test_preempted_spec_request_rehits_the_blocks_cached_when_last_scheduled(mod
 
 
 def test_mtp_with_several_layers_caches_all_but_its_last_k_minus_one_tokens():
-    """MTP with 3 layers, k = 3 (vLLM ``num_reprefillable_tokens`` = 2). A: 13 prompt tokens (own), then
-    B, after A finished, the same 13 + 3 (16): A's last scheduling cached min(13 + 4, 14) - 2 = 12
-    tokens (3 blocks), so B's cap (16 - 1) // 4 = 3 blocks all hit, less the EAGLE-family drop: 8.
-    With one MTP layer nothing is held back: A cached 14 tokens, same 3 full blocks, same hit; with
-    a 12-token prompt (12 + 1 known, 12 + 1 - 2 = 11 cached: 2 blocks) the held-back tokens show: 4."""
+    """MTP, k = 3; with 3 layers vLLM's ``num_reprefillable_tokens`` = 2 tokens are held back. A: a
+    p-token system prompt, 2 outputs (accepting 0: it finishes in its first verify step, which caches
+    min(p + 4, p + 1) - 2 = p - 1 tokens). B (after A): the system prompt + 3 tokens, cap (p + 2) // 4
+    blocks, less the MTP block drop. p = 13: 12 cached tokens, 3 blocks, hit 2 blocks = 8 (one layer: 14
+    cached, the same). p = 12: 11 cached, 2 blocks, hit 4 (one layer: 13 cached, 3 blocks, hit 8)."""
     for prompt, layers, want in ((13, 3, 8), (13, 1, 8), (12, 3, 4), (12, 1, 8)):
         rows = [[(SYSTEM, prompt), (out(0), 2)], [(SYSTEM, prompt), (msg(1), 3), (out(1), 1)]]
         for mode in MODES:
