@@ -274,10 +274,6 @@ class SpecEngine(Engine):
         timeline = self.tl[r]
         return self._round_cached(timeline, r, g - timeline[0])
 
-    def _emit(self, r: int, t0: int, t1: int) -> bool:  # type: ignore[override]
-        self.emitted[r] = 1
-        return super()._emit(r, t0, t1)
-
     # ------------------------------------------------------------------ acceptance
     def _start_decode(self, r: int) -> None:
         """Build request r's acceptance table for the rest of its rounds (at the start of a decode phase)."""
@@ -441,6 +437,7 @@ class SpecEngine(Engine):
                 nc[r] = c + n
                 if nc[r] == P[r] + gen[r]:
                     self.drafted[r] = True  # it samples now: the drafter proposes for it
+                    self.emitted[r] = 1
                     if not self._emit(r, t0, t1):
                         self._start_decode(r)
         self.k_next = k_new
@@ -1043,6 +1040,7 @@ class SpecEngine(Engine):
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
                 self.drafted[r] = True  # it samples now: the drafter proposes for it
+                self.emitted[r] = 1
                 if not self._emit(r, t0, t1):
                     self._start_decode(r)
                     self._join(r, g + 1)
