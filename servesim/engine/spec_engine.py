@@ -242,10 +242,17 @@ class SpecEngine(Engine):
     def _kv_cached(self, r: int) -> int:  # type: ignore[override]
         """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
         scheduling by the outputs processed since (a finished request's last output is processed before its
-        blocks are freed, a preempted one's after: it is then no longer running and caches nothing)."""
+        blocks are freed; a preempted one's in-flight output after, when it no longer runs and caches
+        nothing; a request not scheduled in the previous step has no output in flight)."""
         cached = self.kv_cached_tokens[r]
         if self.async_sched:
-            out = self.output_cached.pop(r, self.kv_output_tokens[r])
+            out = self.output_cached.pop(r, None)
+            if out is None:
+                if self.last_emit[r] == self.now:  # its last output is still in flight
+                    out = self.kv_output_tokens[r]
+                else:  # not scheduled in the previous step: its last output was processed
+                    total = self.P[r] + self.gen[r]
+                    out = (self.nc[r] if self.nc[r] < total else total) - self.reprefill
             if out > cached:
                 return out
         return cached
