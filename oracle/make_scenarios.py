@@ -9,6 +9,13 @@ list at the bottom says which. ``accept`` gives, per request, the drafts accepte
 round when enough were drafted (``A_j`` in 0..K, drawn with a per-position acceptance of about 0.7;
 ``-1`` = an n-gram round without a match, about 30% of n-gram rounds). One entry per output token is
 always enough: every round emits at least one token.
+
+Prefix-caching scenarios (``prefix_*``, ``engine.enable_prefix_caching``) also say which tokens each request
+holds: ``segments`` = ``[[content id, tokens], ...]`` over its prompt then its output, with servesim's content
+ids (``servesim/workload/content.py``: ``namespace << 56 | index``; shared system prompt ``k`` =
+``NAMESPACE_SYSTEM_PROMPT, k``; a request's own message and output = ``NAMESPACE_MESSAGE`` /
+``NAMESPACE_OUTPUT`` with the index of the request they first appear in). The oracle turns them into token
+ids (``oracle/vllm_oracle.py``, ``content_token``).
 """
 
 from __future__ import annotations
@@ -27,6 +34,19 @@ def requests(seed: int, n: int, prompt: tuple[int, int], output: tuple[int, int]
     rng = np.random.default_rng(np.random.SeedSequence(seed))
     prompts = rng.integers(prompt[0], prompt[1] + 1, n)
     outputs = rng.integers(output[0], output[1] + 1, n)
+    steps = arrival_steps(rng, n, arrivals)
+    out = []
+    for i in range(n):
+        row = {"arrival_step": int(steps[i]), "prompt_tokens": int(prompts[i]), "output_tokens": int(outputs[i])}
+        if k:
+            row["accept"] = accept_rounds(rng, int(outputs[i]), k, alpha, empty_share)
+        out.append(row)
+    return out
+
+
+def arrival_steps(rng, n: int, arrivals: str | list) -> np.ndarray:
+    """Arrival steps: ``spread`` (sorted uniform over ``0..4n``, the first at 0), ``burst`` (half at 0, half at
+    40), ``zero``, or the given list."""
     if arrivals == "spread":
         steps = np.sort(rng.integers(0, 4 * n, n))
         steps[0] = 0
@@ -37,22 +57,107 @@ def requests(seed: int, n: int, prompt: tuple[int, int], output: tuple[int, int]
         steps = np.zeros(n, dtype=int)
     else:
         steps = np.asarray(arrivals)
+    return steps
+
+
+def accept_rounds(rng, outputs: int, k: int, alpha: float = 0.7, empty_share: float = 0.0) -> list[int]:
+    """``A_j`` for ``outputs`` rounds: accepted drafts of ``k`` at per-position acceptance ``alpha``, ``-1``
+    (n-gram: no match) with probability ``empty_share``."""
+    u = rng.random((outputs, k))
+    acc = np.cumprod(u < alpha, axis=1).sum(axis=1)
+    if empty_share:
+        acc[rng.random(outputs) < empty_share] = -1
+    return [int(a) for a in acc]
+
+
+def engine(seqs=8, tokens=256, blocks=64, block_size=16, chunked=True, async_scheduling=False, max_model_len=8192,
+           prefix=False):
+    out = {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "num_gpu_blocks": blocks, "block_size": block_size,
+           "enable_chunked_prefill": chunked, "async_scheduling": async_scheduling, "max_model_len": max_model_len}
+    if prefix:
+        out["enable_prefix_caching"] = True
+    return out
+
+
+# servesim's content-id namespaces (servesim/workload/content.py), copied: this script does not import servesim
+NAMESPACE_SYSTEM_PROMPT = 2
+NAMESPACE_MESSAGE = 3
+NAMESPACE_OUTPUT = 4
+NAMESPACE_SHIFT = 56
+
+
+def content_id(namespace: int, index: int) -> int:
+    return namespace << NAMESPACE_SHIFT | index
+
+
+def with_content(turns: list[dict], seed: int, k: int = 0, empty_share: float = 0.0) -> list[dict]:
+    """Requests with ``segments`` from symbolic turns, in arrival order.
+
+    Each turn: ``{"key", "arrival_step", "parts": [("system", k, tokens) | ("message", key, tokens) |
+    ("output", key, tokens)], "output_tokens"}``; its own output (``("output", its key, output_tokens)``) is
+    appended. A message or output is named by the index of the request it first appears in (its key's).
+    """
+    turns = sorted(turns, key=lambda r: r["arrival_step"])  # stable: request ids in arrival order
+    index = {r["key"]: i for i, r in enumerate(turns)}
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    spaces = {"system": NAMESPACE_SYSTEM_PROMPT, "message": NAMESPACE_MESSAGE, "output": NAMESPACE_OUTPUT}
     out = []
-    for i in range(n):
-        row = {"arrival_step": int(steps[i]), "prompt_tokens": int(prompts[i]), "output_tokens": int(outputs[i])}
+    for r in turns:
+        segments = []
+        for kind, ref, tokens in r["parts"]:
+            idx = ref if kind == "system" else index[ref]
+            segments.append([content_id(spaces[kind], idx), int(tokens)])
+        prompt = sum(s[1] for s in segments)
+        segments.append([content_id(NAMESPACE_OUTPUT, index[r["key"]]), int(r["output_tokens"])])
+        row = {"arrival_step": int(r["arrival_step"]), "prompt_tokens": int(prompt),
+               "output_tokens": int(r["output_tokens"]), "segments": segments}
         if k:
-            u = rng.random((int(outputs[i]), k))
-            acc = np.cumprod(u < alpha, axis=1).sum(axis=1)
-            if empty_share:
-                acc[rng.random(int(outputs[i])) < empty_share] = -1
-            row["accept"] = [int(a) for a in acc]
+            row["accept"] = accept_rounds(rng, int(r["output_tokens"]), k, empty_share=empty_share)
         out.append(row)
     return out
 
 
-def engine(seqs=8, tokens=256, blocks=64, block_size=16, chunked=True, async_scheduling=False, max_model_len=8192):
-    return {"max_num_seqs": seqs, "max_num_batched_tokens": tokens, "num_gpu_blocks": blocks, "block_size": block_size,
-            "enable_chunked_prefill": chunked, "async_scheduling": async_scheduling, "max_model_len": max_model_len}
+def shared_prompt_turns(seed: int, n: int, system: list[int], message: tuple[int, int], output: tuple[int, int],
+                        arrivals: str | list = "spread", share: float = 1.0, key: str = "s") -> list[dict]:
+    """``n`` requests, each a system prompt (one of ``system``: their lengths, picked uniformly; none with
+    probability ``1 - share``) followed by its own message."""
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    msgs = rng.integers(message[0], message[1] + 1, n)
+    outs = rng.integers(output[0], output[1] + 1, n)
+    which = rng.integers(0, len(system), n)
+    shared = rng.random(n) < share
+    steps = arrival_steps(rng, n, arrivals)
+    turns = []
+    for i in range(n):
+        parts = [("system", int(which[i]), system[which[i]])] if shared[i] else []
+        if msgs[i] > 0:
+            parts.append(("message", f"{key}{i}", int(msgs[i])))
+        turns.append({"key": f"{key}{i}", "arrival_step": int(steps[i]), "parts": parts,
+                      "output_tokens": int(outs[i])})
+    return turns
+
+
+def conversation_turns(seed: int, sessions: int, turns: int, system: int, message: tuple[int, int],
+                       output: tuple[int, int], gap: int, start_every: int = 5, budget: int = 256) -> list[dict]:
+    """Multi-turn conversations: turn ``t + 1``'s prompt = turn ``t``'s prompt + its output + a new message.
+
+    Turn ``t + 1`` arrives ``gap`` to ``gap + 5`` steps after turn ``t`` is sure to have finished
+    (its prefill chunks at the whole budget ``budget`` and one step per output token, counted generously).
+    """
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    out = []
+    for s in range(sessions):
+        parts = [("system", 0, system)] if system else []
+        step = s * start_every
+        for t in range(turns):
+            key = f"c{s}t{t}"
+            parts = parts + [("message", key, int(rng.integers(message[0], message[1] + 1)))]
+            outputs = int(rng.integers(output[0], output[1] + 1))
+            out.append({"key": key, "arrival_step": step, "parts": parts, "output_tokens": outputs})
+            prompt = sum(p[2] for p in parts)
+            step += 2 * (-(-prompt // budget)) * sessions + outputs + gap + int(rng.integers(0, 6))
+            parts = parts + [("output", key, outputs)]
+    return out
 
 
 def spec(method, k, table=None, layers=None):
@@ -181,7 +286,109 @@ def scenarios() -> list[dict]:
     add("async_plain_max_num_seqs", "async scheduling, max_num_seqs=3 and 1-3 token outputs: finished requests "
         "hold their slot and blocks while the next step is scheduled",
         engine(seqs=3, blocks=30, async_scheduling=True), requests(57, 10, (10, 60), (1, 3), arrivals="zero"))
+    prefix_scenarios(add)
     return S
+
+
+def prefix_scenarios(add) -> None:
+    """Prefix caching on (``engine.enable_prefix_caching``), each scenario with the rule it pins."""
+    pc = dict(prefix=True)
+    # --- a shared system prompt: hits, their block alignment, the num_tokens - 1 cap
+    add("prefix_shared_system_prompt", "a 100-token system prompt shared by 16 requests (6 full blocks): later "
+        "requests hit 96 tokens (block-aligned, not 100) once the first one's prefill has computed them; a second "
+        "system prompt of 40 tokens (2 blocks) for some",
+        engine(**pc), with_content(shared_prompt_turns(200, 16, [100, 40], (10, 60), (5, 30)), 200))
+    whole = shared_prompt_turns(201, 12, [64], (0, 2), (5, 20))  # prompt = 64, 65 or 66 tokens
+    add("prefix_whole_prompt_cached", "prompts of exactly a cached 64-token system prompt (4 blocks), or 1-2 tokens "
+        "more: a whole cached prompt hits num_tokens - 1 rounded down to blocks (48 of 64); 65 tokens hit 64",
+        engine(**pc), with_content(whole, 201))
+    # --- multi-turn: the next turn's prompt holds the previous turn's output (decode blocks cached)
+    add("prefix_multi_turn", "3 conversations of 4 turns (turn t+1 = turn t's prompt + its output + a new message, "
+        "arriving after turn t finished): hits reach into the previous turn's output, whose decode blocks were "
+        "cached as they filled (the last output token has no KV)",
+        engine(**pc), with_content(conversation_turns(210, 3, 4, 37, (10, 40), (10, 40), gap=3), 210))
+    # --- tight KV pool: preemptions, LRU eviction of cached blocks
+    add("prefix_tight_kv", "tight KV pool (30 blocks) with a shared 48-token system prompt: preemptions, a "
+        "preempted request re-hitting its own freed blocks, freed blocks evicted LRU (tail blocks first: freed in "
+        "reverse order), cached blocks counted as free",
+        engine(blocks=30, **pc), with_content(shared_prompt_turns(220, 12, [48], (10, 50), (30, 80)), 220))
+    add("prefix_unique_tight_kv", "prefix caching with no shared content (every prompt its own message), tight "
+        "pool: the only hits are preempted requests re-hitting their own blocks (counted as preempted_* stats)",
+        engine(blocks=20, **pc), with_content(shared_prompt_turns(221, 12, [1], (20, 70), (30, 90), share=0.0), 221))
+    add("prefix_long_prompts_tight_kv", "long chunked prompts (budget 48) in a tight pool (24 blocks), a 64-token "
+        "shared prefix: a partial prefill is preempted and resumed, re-hitting the blocks its chunks had filled",
+        engine(tokens=48, blocks=24, **pc),
+        with_content(shared_prompt_turns(226, 10, [64], (40, 150), (20, 60)), 226))
+    # --- same-step sharing
+    same = shared_prompt_turns(230, 4, [80], (5, 30), (5, 20), arrivals=[0, 0, 0, 0])
+    same += shared_prompt_turns(231, 3, [50], (5, 30), (5, 20), arrivals=[30, 30, 30], key="t")
+    add("prefix_same_step", "requests with the same system prompt arriving in the same step: the first admitted "
+        "caches its blocks at allocation, so the next ones admitted in that step already hit them",
+        engine(**pc), with_content(same, 230))
+    # --- chunked prefill of a long shared prompt
+    longp = shared_prompt_turns(240, 6, [352], (5, 40), (5, 20), arrivals=[0, 1, 2, 4, 7, 12])
+    longp[0]["parts"][-1] = ("message", "s0", 10)  # chunks 64 x 5, then 42 tokens: 22 of the budget left
+    add("prefix_chunked_long_prompt", "a 352-token shared prompt with a 64-token budget: the first request's "
+        "chunks take the whole budget until its last one (42 tokens), whose blocks are cached at allocation, so "
+        "the request admitted with the 22 tokens left in that step hits all 352 shared tokens (not the 320 of "
+        "the earlier chunks)",
+        engine(tokens=64, **pc), with_content(longp, 240))
+    # --- 32-token blocks
+    bs32 = shared_prompt_turns(250, 10, [75, 150], (10, 50), (5, 30))
+    add("prefix_bs32", "32-token blocks: a 75-token and a 150-token shared prompt hit 64 and 128 tokens",
+        engine(block_size=32, **pc), with_content(bs32, 250))
+    add("prefix_multi_turn_bs32", "multi-turn conversations with 32-token blocks, tight pool",
+        engine(block_size=32, blocks=24, **pc),
+        with_content(conversation_turns(251, 3, 3, 20, (10, 40), (20, 50), gap=3), 251))
+    # --- speculative decoding with prefix caching
+    add("prefix_eagle_k3", "EAGLE k=3 with a shared system prompt: vLLM drops the last matching block of every "
+        "hit (use_eagle_block_drop), so a 100-token prompt hits 80, not 96",
+        engine(**pc), with_content(shared_prompt_turns(260, 12, [100], (10, 50), (10, 40)), 260, k=3),
+        spec("eagle", 3))
+    add("prefix_eagle_multi_turn", "EAGLE k=3, multi-turn conversations: block drop on decode-block hits",
+        engine(**pc), with_content(conversation_turns(261, 3, 4, 30, (10, 40), (10, 40), gap=3), 261, k=3),
+        spec("eagle", 3))
+    add("prefix_eagle_tight_kv", "EAGLE k=3, tight pool: preemptions and re-hits with the block drop",
+        engine(blocks=30, **pc), with_content(shared_prompt_turns(262, 10, [48], (10, 40), (30, 70)), 262, k=3),
+        spec("eagle", 3))
+    add("prefix_ngram_k3", "n-gram k=3 with a shared system prompt and multi-turn conversations: no block drop, "
+        "no lookahead slots",
+        engine(**pc), with_content(shared_prompt_turns(270, 8, [100], (10, 50), (10, 40))
+                                   + conversation_turns(271, 2, 3, 0, (10, 40), (10, 30), gap=3, start_every=7),
+                                   270, k=3, empty_share=0.3),
+        spec("ngram", 3))
+    add("prefix_mtp3_k3", "MTP with 3 layers, k=3, shared system prompt and a small budget: block drop, and the "
+        "last num_speculative_tokens - 1 computed tokens are not cached yet",
+        engine(tokens=48, blocks=60, **pc),
+        with_content(shared_prompt_turns(280, 8, [100], (10, 50), (10, 40)), 280, k=3),
+        spec("mtp", 3, layers=3))
+    add("prefix_eagle_whole_prompt_cached", "EAGLE k=3, prompts of exactly a cached 64-token prompt or 1-2 tokens "
+        "more: the num_tokens - 1 cap, then the block drop (64 -> 32; 65, 66 -> 48)",
+        engine(**pc), with_content(shared_prompt_turns(263, 10, [64], (0, 2), (5, 20)), 263, k=3), spec("eagle", 3))
+    add("prefix_draft_model_k3", "draft model k=3 with a shared system prompt: no block drop, one budget slot "
+        "per scheduled request; budget 96 so that hits decide how many prompts fit in a step",
+        engine(tokens=96, **pc),
+        with_content(shared_prompt_turns(264, 10, [100], (10, 50), (10, 40), arrivals="zero"), 264, k=3),
+        spec("draft_model", 3))
+    # --- chunked prefill off: a prompt is admitted only if what is left after its hit fits the budget
+    nochunk = shared_prompt_turns(265, 12, [112], (5, 40), (5, 30), arrivals=[0] * 6 + [30] * 6)
+    nochunk[0]["parts"][-1] = ("message", "s0", 8)  # the first prompt (120 tokens) fits the budget whole
+    add("prefix_no_chunked_prefill", "chunked prefill off, budget 200, bursts of 6 with a 112-token shared prompt: "
+        "each prompt is admitted whole if its tokens after the hit fit what is left of the budget",
+        engine(tokens=200, chunked=False, max_model_len=200, **pc), with_content(nochunk, 265))
+    # --- async scheduling
+    add("prefix_async_plain", "async scheduling with a shared system prompt and multi-turn conversations",
+        engine(async_scheduling=True, **pc),
+        with_content(shared_prompt_turns(290, 8, [100], (10, 50), (5, 30))
+                     + conversation_turns(291, 2, 3, 0, (10, 40), (10, 30), gap=3, start_every=7), 290))
+    add("prefix_async_tight_kv", "async scheduling, tight pool with a shared system prompt: preemptions and re-hits",
+        engine(blocks=30, async_scheduling=True, **pc),
+        with_content(shared_prompt_turns(292, 12, [48], (10, 50), (30, 80)), 292))
+    add("prefix_async_eagle", "async scheduling, EAGLE k=3, shared system prompt and multi-turn conversations",
+        engine(async_scheduling=True, **pc),
+        with_content(shared_prompt_turns(293, 8, [100], (10, 50), (10, 40))
+                     + conversation_turns(294, 2, 3, 0, (10, 40), (10, 30), gap=3, start_every=7), 293, k=3),
+        spec("eagle", 3))
 
 
 def main() -> None:

@@ -14,7 +14,8 @@ drafted; ``-1`` = the n-gram proposer finds no match and drafts nothing in that 
 
 The scheduler is vLLM's real ``Scheduler`` (``AsyncScheduler`` with ``async_scheduling``) built from
 configs alone: a tiny local model config (``oracle/models/``), one full-attention KV group with the
-scenario's number of blocks, prefix caching off (servesim does not model it). The model is faked: every
+scenario's number of blocks, prefix caching as the scenario says (``engine.enable_prefix_caching``; then the
+request tokens come from the scenario's ``segments``, see ``content_token``). The model is faked: every
 request whose scheduled tokens reach its known tokens samples ``1 + min(drafts scheduled, A_j)`` tokens;
 the drafter proposes ``k`` drafts (vLLM's ``num_spec_tokens_to_schedule`` of the step) for every request
 that sampled, or none in an n-gram round with ``A_j = -1``. Requests end by ``max_tokens`` with
@@ -25,6 +26,8 @@ Trace (one entry per ``schedule()`` call that scheduled tokens): ``scheduled`` =
 drafts]`` in vLLM's order (running requests in running order, then admissions), ``preempted`` = victims in
 order, ``kv_blocks_used`` = blocks held after scheduling (null block excluded), ``num_waiting`` = waiting
 requests before scheduling, ``k`` = ``num_spec_tokens_to_schedule`` (the drafts proposed after this step).
+With prefix caching also ``new_computed`` = ``[request, num_computed_tokens]`` of the requests taken from
+WAITING (the prefix-cache hit, tokens) and ``prefix_cache`` = the step's ``PrefixCacheStats``.
 """
 
 from __future__ import annotations
@@ -41,6 +44,39 @@ HERE = Path(__file__).resolve().parent
 MODELS = HERE / "models"
 VLLM_VERSION = "0.32.0"
 
+# prefix caching: vLLM's default block hash (sha256 over pickled tokens, NONE_HASH from a fixed seed unless
+# PYTHONHASHSEED is set; hits depend only on which hashes are equal, so the traces do not depend on the seed)
+HASH_ALGO = "sha256"
+VOCAB_SIZE = 1024  # the tiny models' vocab_size (oracle/models/*/config.json)
+MASK64 = (1 << 64) - 1
+
+
+def mix64(x: int) -> int:
+    """splitmix64's finaliser (Vigna's splitmix64.c), as ``servesim.workload.content.mix64``."""
+    x &= MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
+    return x ^ (x >> 31)
+
+
+def content_token(content: int, offset: int) -> int:
+    """Token at ``offset`` of content ``content`` (a servesim content id): in ``[1, VOCAB_SIZE)``."""
+    return mix64(mix64(content) + offset) % (VOCAB_SIZE - 1) + 1
+
+
+def sequence_token(segments: list, position: int) -> int:
+    """Token at ``position`` of a request's sequence given as ``[[content id, tokens], ...]``.
+
+    Positions past the last segment continue its content (a speculative step may sample past the end).
+    """
+    for content, tokens in segments:
+        if position < tokens:
+            return content_token(content, position)
+        position -= tokens
+    content, tokens = segments[-1]
+    return content_token(content, tokens + position)
+
+
 # draft model folders per method (MTP uses the target's own config, with 1 or more MTP layers)
 DRAFT_MODELS = {"eagle": "eagle", "eagle3": "eagle3", "medusa": "medusa", "draft_model": "draft"}
 
@@ -52,10 +88,12 @@ def _vllm():
     from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, SpeculativeConfig, VllmConfig
     from vllm.sampling_params import SamplingParams
     from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
     from vllm.v1.core.sched.scheduler import Scheduler
     from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
     from vllm.v1.outputs import DraftTokenIds, ModelRunnerOutput
-    from vllm.v1.request import Request
+    from vllm.utils.hashing import get_hash_fn_by_name
+    from vllm.v1.request import Request, RequestStatus
     from vllm.v1.structured_output import StructuredOutputManager
 
     if not vllm.__version__.startswith(VLLM_VERSION):
@@ -83,7 +121,8 @@ def build_scheduler(v, scen: dict):
         async_scheduling=bool(eng.get("async_scheduling", False)),
     )
     bs = int(eng.get("block_size", 16))
-    cc = v["CacheConfig"](block_size=bs, enable_prefix_caching=False)
+    prefix = bool(eng.get("enable_prefix_caching", False))
+    cc = v["CacheConfig"](block_size=bs, enable_prefix_caching=prefix, prefix_caching_hash_algo=HASH_ALGO)
     cc.num_gpu_blocks = int(eng["num_gpu_blocks"])
     sp = None
     if spec is not None:
@@ -103,9 +142,10 @@ def build_scheduler(v, scen: dict):
     if vc.scheduler_config.max_num_scheduled_tokens is not None:
         vc.scheduler_config.max_num_scheduled_tokens = eng["max_num_batched_tokens"]
     vc.cache_config.block_size = bs
+    vc.cache_config.enable_prefix_caching = prefix  # the CPU platform turns it off for MLA targets (MTP)
     got = (vc.scheduler_config.max_num_seqs, vc.scheduler_config.max_num_batched_tokens,
            vc.scheduler_config.enable_chunked_prefill, vc.cache_config.block_size, vc.cache_config.enable_prefix_caching)
-    want = (eng["max_num_seqs"], eng["max_num_batched_tokens"], eng.get("enable_chunked_prefill", True), bs, False)
+    want = (eng["max_num_seqs"], eng["max_num_batched_tokens"], eng.get("enable_chunked_prefill", True), bs, prefix)
     if got != want:
         raise SystemExit(f"vllm_oracle: {scen['name']}: vLLM built {got}, scenario asked for {want}")
     if sp is not None and vc.num_speculative_tokens != spec["num_speculative_tokens"]:
@@ -127,8 +167,9 @@ def build_scheduler(v, scen: dict):
             self.victims.append(int(request.request_id))
             return super()._preempt_request(request, *args, **kwargs)
 
+    # log_stats only with prefix caching: the per-step PrefixCacheStats (the other traces stay as they were)
     s = Tracing(vllm_config=vc, kv_cache_config=kv, structured_output_manager=v["StructuredOutputManager"](vc),
-                block_size=bs)
+                block_size=bs, log_stats=prefix)
     s.victims = []
     info = {
         "num_lookahead_tokens": vc.num_lookahead_tokens,
@@ -137,6 +178,12 @@ def build_scheduler(v, scen: dict):
         "max_num_scheduled_tokens": s.max_num_scheduled_tokens,
         "async_scheduling": bool(vc.scheduler_config.async_scheduling),
     }
+    if prefix:
+        info["enable_prefix_caching"] = True
+        info["prefix_caching_hash_algo"] = vc.cache_config.prefix_caching_hash_algo
+        info["use_eagle_block_drop"] = bool(s.kv_cache_manager.use_eagle)
+        # multi-module MTP: the last (num_prefill_lookahead - 1) computed tokens are not cached yet
+        info["num_reprefillable_tokens"] = int(s.kv_cache_manager.coordinator.num_reprefillable_tokens)
     return s, info
 
 
@@ -152,14 +199,47 @@ class Driver:
         self.rounds = [0] * len(self.reqs)  # verification rounds done
         self.sampled_since_admit = [False] * len(self.reqs)
         self.steps: list[dict] = []
+        self.prefix = bool(scen["engine"].get("enable_prefix_caching", False))
+        self.block_hasher = None
+        if self.prefix:
+            hash_fn = v["get_hash_fn_by_name"](HASH_ALGO)
+            v["init_none_hash"](hash_fn)
+            self.block_hasher = v["get_request_block_hasher"](int(scen["engine"].get("block_size", 16)), hash_fn)
+
+    def prompt_ids(self, pos: int) -> list[int]:
+        r = self.reqs[pos]
+        if not self.prefix:
+            return [3 + (pos * 7 + i) % 1000 for i in range(r["prompt_tokens"])]
+        return [sequence_token(r["segments"], i) for i in range(r["prompt_tokens"])]
+
+    def next_tokens(self, rid: str, count: int) -> list[int]:
+        """The next ``count`` tokens of a request's sequence after what vLLM holds now (prefix caching)."""
+        req = self.s.requests[rid]
+        segments = self.reqs[int(rid)]["segments"]
+        return [sequence_token(segments, req.num_tokens + i) for i in range(count)]
+
+    def fill_samples(self, out) -> None:
+        """Give the sampled tokens their values just before vLLM appends them (prefix caching only).
+
+        The fake runner decides at scheduling time how many tokens a request samples; which tokens they are
+        is decided here, from the request's sequence at the position vLLM appends them (its ``num_tokens``
+        when the output is processed: in async scheduling that is after the next step was scheduled).
+        """
+        if not self.prefix:
+            return
+        for i, rid in enumerate(out.req_ids):
+            tokens = out.sampled_token_ids[i]
+            if tokens and rid in self.s.requests:
+                tokens[:] = self.next_tokens(rid, len(tokens))
 
     def add_arrivals(self, step: int, pos: int) -> int:
         v = self.v
         while pos < len(self.reqs) and self.reqs[pos]["arrival_step"] <= step:
             r = self.reqs[pos]
             self.s.add_request(v["Request"](
-                str(pos), [3 + (pos * 7 + i) % 1000 for i in range(r["prompt_tokens"])],
-                v["SamplingParams"](max_tokens=r["output_tokens"], ignore_eos=True), None, arrival_time=float(step)))
+                str(pos), self.prompt_ids(pos),
+                v["SamplingParams"](max_tokens=r["output_tokens"], ignore_eos=True), None, arrival_time=float(step),
+                block_hasher=self.block_hasher))
             pos += 1
         return pos
 
@@ -167,8 +247,13 @@ class Driver:
         s = self.s
         nwait = len(s.waiting)
         s.victims = []
+        status = self.v["RequestStatus"]
+        from_waiting = {rid for rid, req in s.requests.items() if req.status in (status.WAITING, status.PREEMPTED)}
         so = s.schedule()
+        stats = s.kv_cache_manager.make_prefix_cache_stats() if self.prefix else None
         if so.total_num_scheduled_tokens == 0:
+            if stats is not None and (stats.requests or stats.preempted_requests):
+                raise SystemExit(f"vllm_oracle: {self.scen['name']}: prefix-cache lookups in an empty step {step}")
             return so, None
         usable = s.kv_cache_manager.block_pool.num_gpu_blocks - 1
         used = usable - s.kv_cache_manager.block_pool.get_num_free_blocks()
@@ -193,12 +278,38 @@ class Driver:
                 self.sampled_since_admit[r] = True
             sched.append([r, n, d])
             sampled.append(tokens)
-        self.steps.append({"step": step, "scheduled": sched, "preempted": victims, "kv_blocks_used": used,
-                           "num_waiting": nwait, "k": int(so.num_spec_tokens_to_schedule)})
+        entry = {"step": step, "scheduled": sched, "preempted": victims, "kv_blocks_used": used,
+                 "num_waiting": nwait, "k": int(so.num_spec_tokens_to_schedule)}
+        if self.prefix:
+            entry["new_computed"] = self.new_computed(so, from_waiting)
+            entry["prefix_cache"] = {
+                "requests": stats.requests, "queries": stats.queries, "hits": stats.hits,
+                "preempted_requests": stats.preempted_requests, "preempted_queries": stats.preempted_queries,
+                "preempted_hits": stats.preempted_hits,
+            }
+        self.steps.append(entry)
         ids = list(so.num_scheduled_tokens)
         out = self.v["ModelRunnerOutput"](req_ids=ids, req_id_to_index={x: i for i, x in enumerate(ids)},
                                            sampled_token_ids=sampled)
         return so, out
+
+    def new_computed(self, so, from_waiting: set) -> list[list[int]]:
+        """``[request, num_computed_tokens at scheduling]`` of the requests this step took from WAITING.
+
+        ``num_computed_tokens`` before this step's tokens = the prefix-cache hit (in tokens); it is checked
+        against what the scheduler output itself says for new requests.
+        """
+        s = self.s
+        out = []
+        told = {d.req_id: d.num_computed_tokens for d in so.scheduled_new_reqs}
+        for rid, n in so.num_scheduled_tokens.items():
+            if rid not in from_waiting:
+                continue
+            hit = s.requests[rid].num_computed_tokens - n
+            if rid in told and told[rid] != hit:
+                raise SystemExit(f"vllm_oracle: {self.scen['name']}: request {rid}: hit {hit} != {told[rid]}")
+            out.append([int(rid), int(hit)])
+        return out
 
     def drafts(self, so) -> None:
         """The drafter's proposals after a (sync) step: k drafts for each request that sampled."""
@@ -217,7 +328,7 @@ class Driver:
                 if self.rounds[r] < len(acc) and acc[self.rounds[r]] < 0:
                     n = 0
             ids.append(rid)
-            drafts.append([9] * n)
+            drafts.append(self.next_tokens(rid, n) if self.prefix else [9] * n)
         self.s.update_draft_token_ids(self.v["DraftTokenIds"](ids, drafts))
 
     def next_arrival(self, pos: int):
@@ -236,6 +347,7 @@ class Driver:
             so, out = self.schedule(step)
             if out is None:
                 raise SystemExit(f"vllm_oracle: {self.scen['name']}: nothing schedulable at step {step}")
+            self.fill_samples(out)
             s.update_from_output(so, out)
             self.drafts(so)
             step += 1
@@ -269,6 +381,7 @@ class Driver:
             elif not queue:
                 continue
             so, out = queue.pop()
+            self.fill_samples(out)
             s.update_from_output(so, out)
             if step > max_steps:
                 raise SystemExit(f"vllm_oracle: {self.scen['name']}: more than {max_steps} steps")

@@ -186,8 +186,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         "block_size": e.block_size,
         "workload": workload.description,
         "async_scheduling": resolve_async_scheduling(cfg, spec),
-        # prefix caching as the engine runs it: not modelled with speculative decoding yet (then off)
-        "enable_prefix_caching": bool(e.enable_prefix_caching and spec is None),
+        "enable_prefix_caching": bool(e.enable_prefix_caching),
         "roofline_mode": cfg.roofline.mode,
         "decode_step_s_batch1": step_time.base_s(1, 1, 1),
         "kv_s_per_token": step_time.kv_ps_per_token / PS_PER_S,

@@ -200,3 +200,10 @@ def test_prefix_caching_golden_scenarios_cover_hits_and_rehits_after_preemption(
     totals = {key: sum(s["prefix_cache"][key] for g in prefix for s in g["steps"]) for key in PREFIX_CACHE_FIELDS}
     assert totals["hits"] > 0 and totals["preempted_hits"] > 0
     assert {g["scenario"]["engine"]["async_scheduling"] for g in prefix} == {False, True}
+    # with speculation too: the EAGLE-family block drop (EAGLE, MTP with 3 layers, async EAGLE) and the
+    # methods without it (draft model, n-gram)
+    methods = {((g["scenario"]["speculative_config"] or {}).get("method"), g["scenario"]["engine"]["async_scheduling"])
+               for g in prefix}
+    assert methods >= {(None, False), (None, True), ("eagle", False), ("eagle", True), ("mtp", False),
+                       ("draft_model", False), ("ngram", False)}
+    assert {g["vllm_config"]["use_eagle_block_drop"] for g in prefix} == {False, True}

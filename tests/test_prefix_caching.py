@@ -12,11 +12,19 @@ import json
 import numpy as np
 import pandas as pd
 import pytest
+import simpy
 
 from engine_helpers import flat_step_model, run_engine
 from servesim import simulate
+from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager
+from servesim.engine.spec_engine import SpecEngine, SpecSetup
 from servesim.engine.step_trace import StepTracer
+from servesim.roofline import PS_PER_S
+from servesim.speculation.config import SpeculativeConfig
+from servesim.speculation.costs import DrafterCost
+from servesim.speculation.profile import load_profile
+from servesim.speculation.schedule import KSchedule
 from servesim.workload.content import (
     NAMESPACE_MESSAGE,
     NAMESPACE_OUTPUT,
@@ -218,6 +226,111 @@ def test_prefix_caching_off_changes_nothing_and_reports_nothing(mode):
     assert on.output().requests.num_cached_tokens.tolist() == [0, 4]
 
 
+# ------------------------------------------------------------------------------ with speculative decoding
+
+def run_spec(prompt, output, arrival_s, mode, method, k, accept, kv_blocks=100, content=None, block_size=4,
+             max_num_batched_tokens=8192, async_scheduling=False, mtp_layers=1, tracer=True) -> SpecEngine:
+    """A speculative engine (free drafter, flat 10 ms step) whose request ``r`` accepts ``accept[r][j]``
+    drafts in its ``j``-th verification round (0 past the list), as the oracle's fake model runner."""
+    cfg = SpeculativeConfig.model_validate({"method": method, "num_speculative_tokens": k, "acceptance": {"alpha": 0.7},
+                                            **({"draft_cost": 0.1} if method == "draft_model" else {})})
+    table = np.concatenate([np.asarray(list(a)[:o] + [0] * (o - len(a[:o])), dtype=np.int32)
+                            for a, o in zip(accept, output)])
+    setup = SpecSetup(schedule=KSchedule(k, None), lookahead=cfg.lookahead_slots, disable_by_batch_size=None,
+                      drafts_may_be_empty=cfg.drafts_may_be_empty,
+                      drafter=DrafterCost(kind="cpu", cpu_subps_per_request=0), profile=load_profile({"alpha": 0.7}),
+                      uniforms=None, factors=None, accept_table=table, draft_slots=cfg.max_num_new_slots_for_drafting,
+                      prefill_lookahead=cfg.num_prefill_lookahead_tokens(mtp_layers))
+    times = np.rint(np.asarray(arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
+    engine = SpecEngine(spec=setup, prompt_tokens=np.asarray(prompt), output_tokens=np.asarray(output),
+                        arrivals=ArrivalSource(times=times, num_requests=len(times)), step_time=flat_step_model(0.01),
+                        kv_blocks_total=kv_blocks, block_size=block_size, max_num_seqs=16,
+                        max_num_batched_tokens=max_num_batched_tokens, mode=mode, async_scheduling=async_scheduling,
+                        enable_prefix_caching=True, content=content)
+    engine.tracer = StepTracer() if tracer else None
+    env = simpy.Environment()
+    env.process(engine.process(env))
+    env.run()
+    return engine
+
+
+def hits(engine) -> list[list[tuple[int, int]]]:
+    return [s.new_computed for s in engine.tracer.steps if s.new_computed]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("method, drop", [("eagle", True), ("eagle3", True), ("mtp", True), ("ngram", False),
+                                          ("draft_model", False), ("medusa", False)])
+def test_eagle_family_hits_drop_their_last_block_other_methods_do_not(mode, method, drop):
+    """A: a 12-token system prompt, 2 outputs (its 3 prompt blocks cached). B (after A finished): the
+    system prompt + 3 tokens of its own (15): cap (15 - 1) // 4 = 3 blocks = 12 tokens; EAGLE, EAGLE-3
+    and MTP then drop the last one (vLLM ``use_eagle``): 8."""
+    rows = [[(SYSTEM, 12), (out(0), 2)], [(SYSTEM, 12), (msg(1), 3), (out(1), 1)]]
+    e = run_spec([12, 15], [2, 1], [0, 0.1], mode, method, 2, [[0], []], content=content_of(rows))
+    assert hits(e) == [[(0, 0)], [(1, 8 if drop else 12)]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_verify_step_caches_verified_tokens_not_drafts(mode):
+    """n-gram k = 3, block size 4. A: message m0 (3 tokens), 12 outputs, accepting 0, 0, 3 drafts. Step 0:
+    prefill, 1 token sampled (4 known). Step 1 schedules 1 + 3 tokens: cached min(3 + 4, 4) = 4 tokens
+    (block 0), not the drafts; 0 accepted. Step 2: 5 known: still block 0 only (with the drafts it would
+    be 4 + 4 = 8, two blocks). B arrives during step 1 with m0 + o0's first 5 tokens + 2 of its own (10):
+    hit 1 block (4 tokens) in step 2, 6 computed."""
+    rows = [[(msg(0), 3), (out(0), 12)], [(msg(0), 3), (out(0), 5), (msg(1), 2), (out(1), 1)]]
+    e = run_spec([3, 10], [12, 1], [0, 0.015], mode, "ngram", 3, [[0, 0, 3, 3], []], content=content_of(rows))
+    assert [s.scheduled for s in e.tracer.steps[:3]] == [[(0, 3, 0)], [(0, 4, 3)], [(0, 4, 3), (1, 6, 0)]]
+    assert hits(e) == [[(0, 0)], [(1, 4)]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+@pytest.mark.parametrize("method, drop", [("ngram", False), ("eagle", True)])
+def test_next_turn_hits_the_verified_output_of_the_previous_turn(mode, async_scheduling, method, drop):
+    """k = 3, turn 1: m0 (5 tokens), 7 outputs, accepting 3 and 3. Sync: step 0 samples token 6; step 1
+    caches 6 known tokens (block 0), accepts 3 (10 known); step 2 caches 10 (block 1) and finishes (7
+    outputs of 8 emitted): 13 computed tokens, but 8 cached (its last scheduling). Async: the last
+    output is processed before the blocks are freed (vLLM's ``AsyncScheduler`` caches again then,
+    computed tokens = 13 capped at the 12 known): 12 cached. Turn 2 (after turn 1) resends m0 + o0 + 2
+    tokens (14): cap 3 blocks; hits 8 (sync) and 12 (async), a block less with EAGLE."""
+    rows = [[(msg(0), 5), (out(0), 7)], [(msg(0), 5), (out(0), 7), (msg(1), 2), (out(1), 1)]]
+    e = run_spec([5, 14], [7, 1], [0, 0.5], mode, method, 3, [[3, 3], []], content=content_of(rows),
+                 async_scheduling=async_scheduling)
+    want = (12 if async_scheduling else 8) - (4 if drop else 0)
+    assert hits(e) == [[(0, 0)], [(1, want)]]
+    assert e.output().requests.num_cached_tokens.tolist() == [0, want]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_preempted_spec_request_rehits_the_blocks_cached_when_last_scheduled(mode):
+    """n-gram k = 1, every draft accepted, 5 usable blocks. Step 0: A (8 tokens) and B (6) prefill (2
+    blocks each), 1 token each. Step 1: both verify 2 tokens; A takes a third block; B caches min(6 + 2,
+    7) = 7 tokens (block 0 only), then computes 8 (the accepted draft fills block 1, not cached yet).
+    Step 2: B needs a third block, none is free: B is preempted; A finishes (5 outputs). Step 3: B (9
+    known tokens) re-hits its block 0: 4 tokens (its block 1 has no hash), 5 computed."""
+    e = run_spec([8, 6], [5, 8], [0, 0], mode, "ngram", 1, [[1] * 8, [1] * 8], kv_blocks=6)
+    assert [([(r, n) for r, n, _ in s.scheduled], s.preempted, s.kv_blocks_used, s.new_computed)
+            for s in e.tracer.steps[:4]] == [
+        ([(0, 8), (1, 6)], [], 4, [(0, 0), (1, 0)]), ([(0, 2), (1, 2)], [], 5, []), ([(0, 2)], [1], 3, []),
+        ([(1, 5)], [], 3, [(1, 4)])]
+    stats = e.prefix_cache_stats
+    assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (1, 9, 4)
+
+
+def test_mtp_with_several_layers_caches_all_but_its_last_k_minus_one_tokens():
+    """MTP, k = 3; with 3 layers vLLM's ``num_reprefillable_tokens`` = 2 tokens are held back. A: a
+    p-token system prompt, 2 outputs (accepting 0: it finishes in its first verify step, which caches
+    min(p + 4, p + 1) - 2 = p - 1 tokens). B (after A): the system prompt + 3 tokens, cap (p + 2) // 4
+    blocks, less the MTP block drop. p = 13: 12 cached tokens, 3 blocks, hit 2 blocks = 8 (one layer: 14
+    cached, the same). p = 12: 11 cached, 2 blocks, hit 4 (one layer: 13 cached, 3 blocks, hit 8)."""
+    for prompt, layers, want in ((13, 3, 8), (13, 1, 8), (12, 3, 4), (12, 1, 8)):
+        rows = [[(SYSTEM, prompt), (out(0), 2)], [(SYSTEM, prompt), (msg(1), 3), (out(1), 1)]]
+        for mode in MODES:
+            e = run_spec([prompt, prompt + 3], [2, 1], [0, 0.1], mode, "mtp", 3, [[0], []],
+                         content=content_of(rows), mtp_layers=layers)
+            assert hits(e)[1] == [(1, want)], (prompt, layers, mode)
+
+
 # ------------------------------------------------------------------------------ step = run
 
 def _random_case(seed: int):
@@ -248,6 +361,36 @@ def test_run_mode_equals_step_mode_with_shared_prefixes_and_preemptions(seed):
                        s.prefix_cache) for s in e.tracer.steps],
                      o.requests.finish_s.tolist(), o.requests.num_cached_tokens.tolist(), o.prefix_cache)
     assert got["step"] == got["run"]
+
+
+SPEC_METHODS = [("eagle", 1), ("ngram", 1), ("draft_model", 1), ("mtp", 3), ("eagle3", 1), ("medusa", 1)]
+
+
+@pytest.mark.parametrize("seed", range(18))
+def test_spec_run_mode_equals_step_mode_with_shared_prefixes_and_preemptions(seed):
+    """Speculative decoding with prefix caching (every method, sync and async, tight pools, shared system
+    prompts on odd seeds, random acceptance with empty n-gram rounds): identical steps, hits, statistics,
+    finish times and speculative counters in both modes."""
+    prompt, output, arrival, kw = _random_case(seed)
+    method, layers = SPEC_METHODS[seed % len(SPEC_METHODS)]
+    rng = np.random.default_rng(1000 + seed)
+    k = 3
+    accept = [rng.integers(-1 if method == "ngram" else 0, k + 1, int(o)).tolist() for o in output]
+    lookahead = k if method in ("eagle", "eagle3", "mtp", "draft_model") else 0
+    kv = max(kw["kv_blocks"], -(-int((prompt + output).max() + k + lookahead) // 16) + 1)
+    got = {}
+    for mode in MODES:
+        e = run_spec(prompt, output, arrival, mode, method, k, accept, kv_blocks=kv, content=kw["content"],
+                     block_size=16, max_num_batched_tokens=kw["max_num_batched_tokens"],
+                     async_scheduling=kw["async_scheduling"], mtp_layers=layers)
+        o = e.output()
+        got[mode] = ([(s.start_ps, s.scheduled, s.preempted, s.kv_blocks_used, s.num_waiting, s.new_computed,
+                       s.prefix_cache) for s in e.tracer.steps],
+                     o.requests.finish_s.tolist(), o.requests.num_cached_tokens.tolist(), o.prefix_cache,
+                     o.spec_counters)
+    assert got["step"] == got["run"]
+    if seed % 2:
+        assert got["run"][3]["hits"] > 0
 
 
 WORKLOADS = {
@@ -281,6 +424,28 @@ def test_summary_run_equals_step_on_prefix_workloads(name, tight):
     assert json.dumps(step.summary, sort_keys=True) == json.dumps(fast.summary, sort_keys=True)
     pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
     assert fast.summary["prefix_cache"]["hits"] > 0
+    if tight:
+        assert fast.summary["preemptions"] > 0
+
+
+@pytest.mark.parametrize("name", ["multi_turn", "system_prompts"])
+@pytest.mark.parametrize("tight", [False, True])
+@pytest.mark.parametrize("method", ["eagle", "ngram"])
+def test_spec_summary_run_equals_step_on_prefix_workloads(name, tight, method):
+    """As above with speculative decoding (prefix caching stays on, as in vLLM): the same summary,
+    requests and speculative counters in both modes, with hits, and preemptions in a tight pool."""
+    results = {}
+    for mode in MODES:
+        config = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": WORKLOADS[name],
+                  "simulation": {"mode": mode}, "seed": 5,
+                  "speculative_config": {"method": method, "num_speculative_tokens": 3},
+                  "engine": {"num_gpu_blocks_override": TIGHT_BLOCKS[name]} if tight else {}}
+        results[mode] = simulate(config)
+    step, fast = results["step"], results["run"]
+    assert json.dumps(step.summary, sort_keys=True) == json.dumps(fast.summary, sort_keys=True)
+    pd.testing.assert_frame_equal(step.requests, fast.requests, check_exact=True)
+    assert step.output.spec_counters == fast.output.spec_counters
+    assert fast.summary["prefix_cache"]["hits"] > 0 and fast.info["enable_prefix_caching"]
     if tight:
         assert fast.summary["preemptions"] > 0
 

@@ -198,6 +198,9 @@ class Engine:
         # async scheduling they are its computed tokens (see _kv_cached).
         self.kv_cached_tokens = [0] * n
         self.stale_joins: dict[int, int] = {}  # run mode: decoder -> step it joined the aggregate at, stale
+        # whether admissions note their cached tokens (_note_scheduled): needed for async scheduling's
+        # frees and for shareable blocks; the speculative engine always needs them (see _kv_cached)
+        self.note_cached = self.async_sched or self.kv.shareable is not None
         self.prefix_cache_stats = PrefixCacheStats()
         self.now = 0
         self.clock_subps = 0  # the clock's remainder below self.now (ps), in 2^-16 ps: [0, SUBPS_PER_PS)
@@ -314,7 +317,7 @@ class Engine:
                 if hit_tokens:
                     self.kv.touch(r, hit)
                     self.nc[r] = hit_tokens
-                if self.async_sched or self.kv.shareable is not None:
+                if self.note_cached:
                     cached = self._note_scheduled(r, n, t0)
                     if self.kv.shareable is not None:
                         self.kv.cache(r, cached)

@@ -19,6 +19,20 @@ finished without vLLM knowing it would is scheduled once more (its output is dis
 (``num_speculative_tokens_per_batch_size``); V0's ``disable_by_batch_size`` turns speculation off when
 running requests >= the threshold: that step drafts nothing, so the next step verifies no drafts.
 
+Prefix caching (vLLM 0.32 keeps it on with every method; the block manager of
+:mod:`servesim.engine.block_manager`): a scheduled request caches its blocks up to ``min(num_computed +
+scheduled, num_tokens)`` tokens, ``num_tokens`` without drafts, so a verify step caches the tokens known
+when it is scheduled and accepted drafts are cached at the next scheduling (:meth:`SpecEngine._note_scheduled`;
+an aggregated decoder's round ``i`` caches ``ncb_i + 1``, :meth:`SpecEngine._round_cached`); multi-layer MTP
+holds back its last ``K - 1`` tokens (``num_reprefillable_tokens``); EAGLE, EAGLE-3 and MTP hits drop their
+last block (``use_eagle``). Under async scheduling the tokens in flight are not known yet, and vLLM caches
+again when it processes an output (``AsyncScheduler._update_request_with_output``: computed tokens less
+those in flight), which shows when a finished request's blocks are freed. Run mode stays exact for the
+reasons the plain engine's docstring gives: a run needs the waiting head blocked through it, and it is:
+no block is freed within a run, its whole-sequence check ``blocks(num_tokens) + evictable hits - hits >
+free`` only tightens as free blocks fall and evictions shorten the hit, and while running requests still
+fill blocks the head might hit there is no run.
+
 Acceptance. Request ``r``'s ``j``-th verification round uses the ``j``-th uniform of its own slice of one
 pre-drawn stream, ``u = U[offset_r + j]``, and accepts ``min(k, A_r(u))`` drafts where ``A_r(u) = #{i :
 u < p_i}`` over the (per-request, per-context) unconditional rates ``p_i`` (see
@@ -100,12 +114,9 @@ class SpecEngine(Engine):
     :class:`~servesim.engine.core.Engine` plus ``spec``."""
 
     def __init__(self, *, spec: SpecSetup, **kwargs) -> None:
-        if kwargs.get("enable_prefix_caching"):
-            raise ValueError("prefix caching is not modelled with speculative decoding yet "
-                             "(servesim runs speculative decoding with enable_prefix_caching off)")
+        self.spec = spec  # before the base class builds the block manager (_use_eagle)
         super().__init__(**kwargs)
         n = self.n
-        self.spec = spec
         self.K = spec.schedule.K
         # draft tokens scheduled per request for k speculative positions: k for a chain, the tree's nodes
         # (below the root) for a draft tree of depth K
@@ -115,6 +126,15 @@ class SpecEngine(Engine):
         self.L = int(spec.lookahead)
         self.draft_slots = int(spec.draft_slots)
         self.prefill_lookahead = int(spec.prefill_lookahead)
+        # prefix caching: vLLM's num_reprefillable_tokens (multi-layer MTP: the last prefill_lookahead - 1
+        # tokens are not cached yet); every scheduling notes its cached tokens (_note_scheduled), since a
+        # verify step caches the tokens known when scheduled, not those computed after it (accepted drafts)
+        self.reprefill = max(self.prefill_lookahead - 1, 0)
+        self.note_cached = True
+        self.emitted = [0] * n  # tokens each request emitted at its last emission (async: those in flight)
+        self.kv_output_tokens = [0] * n  # async: tokens cached once the output before its last scheduling is processed
+        self.output_cached: dict[int, int] = {}  # async: finished request -> tokens its last output caches
+        self.known_at_join = [0] * n  # run mode, async: tokens known to vLLM when a decoder's first round is scheduled
         self.multi_partial = False  # run mode: several requests mid-prefill (MTP's chunk rule); plain steps then
         # async scheduling: drafts rejected in the step each request last verified in (``rej_step``); while
         # the next step is scheduled vLLM still counts them as computed, so that step's KV allocation is
@@ -178,7 +198,88 @@ class SpecEngine(Engine):
 
     def _preempt(self, victim: int) -> int:  # type: ignore[override]
         self.drafted[victim] = False
+        self.output_cached.pop(victim, None)  # async: its last output comes after it left (see _kv_cached)
         return super()._preempt(victim)
+
+    # ------------------------------------------------------------------ prefix caching
+    def _use_eagle(self) -> bool:  # type: ignore[override]
+        """vLLM's ``use_eagle`` (EAGLE, EAGLE-3, MTP: hits drop their last block): exactly the methods
+        with a ``num_prefill_lookahead_tokens`` of 1 or more; n-gram, Medusa and draft models keep it."""
+        return self.spec.prefill_lookahead >= 1
+
+    def _note_scheduled(self, r: int, n: int, t0: int) -> int:  # type: ignore[override]
+        """Request ``r`` is scheduled ``n`` tokens (drafts included) in the step starting at ``t0``: note and
+        return the tokens its blocks cache (see :meth:`_note_many`)."""
+        self._note_many(((r, n),), t0)
+        return self.kv_cached_tokens[r]
+
+    def _note_many(self, items, t0: int, lagging=None) -> None:
+        """Requests ``items`` (``(request, tokens)`` pairs, drafts included) are scheduled in the step
+        starting at ``t0``: note the tokens their blocks cache (vLLM ``allocate_slots``: ``min(num_computed
+        + num_new, num_tokens)``, ``num_tokens`` without drafts, so a verify caches only verified tokens;
+        under async scheduling without the tokens still in flight; less ``num_reprefillable_tokens``) and,
+        for those in ``lagging``, cache their newly full shareable blocks. Under async scheduling also
+        note what the previous step's output caches when vLLM processes it, after this scheduling (its
+        computed tokens as they are now, see :meth:`_kv_cached`). One loop for a whole step (hot path)."""
+        P, gen, nc, held_back = self.P, self.gen, self.nc, self.reprefill
+        kv_cached = self.kv_cached_tokens
+        if self.async_sched:
+            last_emit, emitted, output_tokens = self.last_emit, self.emitted, self.kv_output_tokens
+        for r, n in items:
+            total = P[r] + gen[r]
+            cached = nc[r] + n
+            if self.async_sched:
+                known = total - emitted[r] if gen[r] and last_emit[r] == t0 else total
+                out = (nc[r] if nc[r] < total else total) - held_back
+                output_tokens[r] = out if out > 0 else 0
+            else:
+                known = total
+            cached = (cached if cached < known else known) - held_back
+            kv_cached[r] = cached = cached if cached > 0 else 0
+            if lagging and r in lagging:
+                self.kv.cache(r, cached)
+
+    def _kv_cached(self, r: int) -> int:  # type: ignore[override]
+        """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
+        scheduling by the outputs processed since (a finished request's last output is processed before its
+        blocks are freed; a preempted one's in-flight output after, when it no longer runs and caches
+        nothing; a request not scheduled in the previous step has no output in flight)."""
+        cached = self.kv_cached_tokens[r]
+        if self.async_sched:
+            out = self.output_cached.pop(r, None)
+            if out is None:
+                if self.last_emit[r] == self.now:  # its last output is still in flight
+                    out = self.kv_output_tokens[r]
+                else:  # not scheduled in the previous step: its last output was processed
+                    total = self.P[r] + self.gen[r]
+                    out = (self.nc[r] if self.nc[r] < total else total) - self.reprefill
+            if out > cached:
+                return out
+        return cached
+
+    def _finish(self, r: int, t1: int, sure: bool = True) -> None:  # type: ignore[override]
+        if self.async_sched and self.prefix_caching:
+            known = self.P[r] + self.gen[r]
+            out = (self.nc[r] if self.nc[r] < known else known) - self.reprefill
+            self.output_cached[r] = out if out > 0 else 0
+        super()._finish(r, t1, sure)
+
+    def _round_cached(self, timeline: tuple, r: int, i: int) -> int:
+        """Tokens aggregated decoder ``r``'s blocks cache when its round ``i`` is scheduled (see
+        :meth:`_note_scheduled`): its known tokens ``ncb_i + 1``, under async scheduling those before the
+        previous round's output (``ncb_{i-1} + 1``; for round 0, noted at join)."""
+        ncb = timeline[2]
+        if not self.async_sched:
+            known = int(ncb[i]) + 1
+        elif i:
+            known = int(ncb[i - 1]) + 1
+        else:
+            known = self.known_at_join[r]
+        return known - self.reprefill if known > self.reprefill else 0
+
+    def _decoder_cached_tokens(self, r: int, g: int) -> int:  # type: ignore[override]
+        timeline = self.tl[r]
+        return self._round_cached(timeline, r, g - timeline[0])
 
     # ------------------------------------------------------------------ acceptance
     def _start_decode(self, r: int) -> None:
@@ -282,6 +383,8 @@ class SpecEngine(Engine):
             sched.append((r, n, d, a_full))
             budget -= n + ds
             idx += 1
+        if self.prefix_caching:
+            self._note_many([(r, n) for r, n, _, _ in sched], t0, self.kv.lagging)
         if not preempted:
             adm: list[tuple[int, int]] = []
             budget, free = self._admit(t0, budget, free, len(running), adm, L)
@@ -334,12 +437,14 @@ class SpecEngine(Engine):
                 gen[r] += e
                 nc[r] = c + 1 + acc
                 self.last_emit[r] = t1
+                self.emitted[r] = e
                 if gen[r] >= O[r]:
                     self._finish(r, t1, sure=gen[r] - e + 1 >= O[r])
             else:
                 nc[r] = c + n
                 if nc[r] == P[r] + gen[r]:
                     self.drafted[r] = True  # it samples now: the drafter proposes for it
+                    self.emitted[r] = 1
                     if not self._emit(r, t0, t1):
                         self._start_decode(r)
         self.k_next = k_new
@@ -375,7 +480,11 @@ class SpecEngine(Engine):
         with a fixed q those three follow from B and NCB. The rounds actually run are recorded as a
         segment when the decoder leaves, and counted (vLLM's counters) once, at the end.
         """
-        k = self.k_agg if k is None else k
+        if k is None:
+            k = self.k_agg
+            if self.async_sched and self.prefix_caching:  # retimed decoders keep theirs (set at _leave)
+                inflight = self.emitted[r] if self.last_emit[r] == self.now else 0
+                self.known_at_join[r] = self.P[r] + self.gen[r] - inflight
         nc0, gen0, blk0, j0 = self.nc[r], self.gen[r], self.blk[r], self.rounds[r]
         jt, table = self.acc_table[r]
         remaining = self.O[r] - gen0
@@ -480,7 +589,8 @@ class SpecEngine(Engine):
 
     def _leave(self, r: int, g: int) -> int:  # type: ignore[override]
         """Remove decoder r at step g (its rounds before g done); write back its state; return its blocks."""
-        g0, J, ncb, held, acc, gen0, blk0, j0, newblk, q, k = self.tl.pop(r)
+        timeline = self.tl.pop(r)
+        g0, J, ncb, held, acc, gen0, blk0, j0, newblk, q, k = timeline
         m = g - g0
         end = g0 + J
         if m < J:
@@ -506,6 +616,8 @@ class SpecEngine(Engine):
             self.nc[r] = nc
             self.gen[r] = min(gen, self.O[r])
             blocks = int(held[m - 1])
+            if self.prefix_caching:
+                self._leave_cached(r, timeline, m)
         else:
             blocks = blk0
         self.blk[r] = blocks
@@ -513,6 +625,21 @@ class SpecEngine(Engine):
         self.B -= 1
         self.fing[r] = -1
         return blocks
+
+    def _leave_cached(self, r: int, timeline: tuple, m: int) -> None:
+        """Prefix caching: what decoder ``r``, leaving after ``m >= 1`` rounds, noted at its last round's
+        scheduling (as :meth:`_note_scheduled` does in a plain step), and its newly full shareable blocks."""
+        ncb = timeline[2]
+        before = int(ncb[m - 1])  # its computed tokens when its last round was scheduled
+        cached = self._round_cached(timeline, r, m - 1)
+        self.kv_cached_tokens[r] = cached
+        if self.async_sched:
+            self.kv_output_tokens[r] = before - self.reprefill if before > self.reprefill else 0
+            self.emitted[r] = self.gen[r] - (timeline[5] + before - int(ncb[0]))
+            self.known_at_join[r] = before + 1  # known when the next step is scheduled (its last round in flight)
+        lagging = self.kv.lagging
+        if lagging and r in lagging:
+            self.kv.cache(r, cached)
 
     def _trace_tokens(self, r: int, g: int):  # type: ignore[override]
         """(tokens, drafts) per step from step g of aggregated decoder r (lists, or ints when fixed)."""
@@ -632,10 +759,22 @@ class SpecEngine(Engine):
             if waiting and len(self.running) < self.max_seqs:
                 h = waiting[0]
                 total = self.P[h] + self.gen[h]
-                if -(-total // self.bs) <= self.free - nb:
+                need = -(-total // self.bs)
+                left = total
+                if self.prefix_caching and (self.kv.shareable is not None or h in self.kv.own_runs):
+                    if self.kv.lagging:
+                        # running requests still fill blocks the head might hit: no run (as in the plain
+                        # engine's _head_blocked; otherwise free blocks and hits only shrink within a run)
+                        need = -1
+                        blocked = False
+                    else:
+                        hit = self.kv.lookup(h, total, self.free - nb)
+                        need += hit.num_evictable - hit.num_blocks
+                        left = total - hit.num_blocks * self.bs
+                if 0 <= need <= self.free - nb:
                     # the head takes its own drafting slots (draft models) out of what the decoders leave
-                    blocked = budget <= ds or (not self.chunked and total > budget - ds)
-                    head_tokens = total  # blocked by the token budget only, which varies within a run
+                    blocked = budget <= ds or (not self.chunked and left > budget - ds)
+                    head_tokens = left  # blocked by the token budget only, which varies within a run
             if blocked:
                 self._spec_run(g, B, head_tokens)
                 return
@@ -861,6 +1000,12 @@ class SpecEngine(Engine):
                 t_dec += q
                 ctx += c + q
                 pairs += q * c + q * (q + 1) // 2
+        if self.prefix_caching:
+            chunks = [(z, entry[0]) for z, entry in zombies.items()] + sched if zombies else sched
+            for r, n in chunks:
+                self._note_scheduled(r, n, t0)
+            if self.kv.lagging:
+                self._cache_scheduled(g, chunks)
         if not preempted:
             budget, free = self._admit(t0, budget, free, len(self.running), sched, L)
         self.free = free
@@ -902,6 +1047,7 @@ class SpecEngine(Engine):
             nc[r] += n
             if nc[r] == P[r] + gen[r]:
                 self.drafted[r] = True  # it samples now: the drafter proposes for it
+                self.emitted[r] = 1
                 if not self._emit(r, t0, t1):
                     self._start_decode(r)
                     self._join(r, g + 1)
