@@ -372,7 +372,7 @@ def _summary_simulate(config, *, seed=None, base_dir=None):
     return {"num_requests": 1, "completed": 1, "output_throughput": float(seed % 1000)}
 
 
-@pytest.mark.parametrize("change", ["seed", "trace file", "profile file", "servesim version"])
+@pytest.mark.parametrize("change", ["seed", "trace file", "profile file", "servesim version", "servesim source"])
 def test_resume_keys_on_seed_files_and_version(tmp_path, monkeypatch, change):
     import servesim
     from servesim.sweep.runner import run_sweep
@@ -397,9 +397,14 @@ def test_resume_keys_on_seed_files_and_version(tmp_path, monkeypatch, change):
     elif change == "profile file":
         profile.write_text("name: p\nper_position_acceptance: [0.9, 0.6]\n")
         reason = f"file {profile.resolve()}"
-    else:
+    elif change == "servesim version":
         monkeypatch.setattr(servesim, "__version__", servesim.__version__ + ".post1")
-        reason = "servesim version"
+        reason = "servesim version or source"
+    else:  # an edit of the simulator's code that keeps the version number
+        import servesim.sweep.inputs as inputs
+
+        monkeypatch.setattr(inputs, "_SOURCE_DIGEST", ["0" * 64])
+        reason = "servesim version or source"
     again = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", progress=False, simulate=_summary_simulate)
     assert (again.num_skipped, again.num_run, again.num_stale) == (0, 2, 2)
     assert again.stale == {reason: 2}

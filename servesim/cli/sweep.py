@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
 def reuse_line(result) -> str:
     """One line: how many stored runs were reused, and how many were run again because what changed."""
     line = (f"reused {result.num_skipped} stored run(s) with unchanged inputs (run config, seed, cards, files, "
-            "servesim version)")
+            "servesim version and source)")
     if result.num_stale:
         why = ", ".join(f"{what} ({n})" for what, n in sorted(result.stale.items(), key=lambda kv: -kv[1]))
         line += f"; ran {result.num_stale} stored run(s) again because their inputs changed: {why}"

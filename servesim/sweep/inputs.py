@@ -7,7 +7,9 @@ distribution's CSV), the run's seed (derived from the sweep's root ``seed``) and
 
 * ``config_sha256``: SHA-256 of the point's run config (canonical JSON);
 * ``seed``: the integer seed handed to ``simulate``;
-* ``servesim_version``: ``servesim.__version__``;
+* ``servesim_version``: ``servesim.__version__`` and the SHA-256 of the package's own source files
+  (:func:`servesim_source_digest`), so that a developer's edit of the simulator, which keeps the version
+  number, does not leave results of the old code looking current;
 * ``cards_sha256``: SHA-256 of the hardware and model cards as loaded (their validated contents, so an
   edited card file changes it whether it is named or given by path);
 * ``files``: resolved path -> SHA-256 of the bytes of every existing file that a string in the config
@@ -26,6 +28,22 @@ from typing import Any
 
 from servesim.errors import ServesimError
 from servesim.sweep.points import canonical_json, config_digest
+
+_SOURCE_DIGEST: list[str] = []
+
+
+def servesim_source_digest() -> str:
+    """SHA-256 (hex) over the servesim package's ``.py`` files: their paths relative to the package and
+    their bytes, in sorted order (computed once per process, a few milliseconds)."""
+    if not _SOURCE_DIGEST:
+        package = Path(__file__).resolve().parents[1]
+        digest = hashlib.sha256()
+        for path in sorted(package.rglob("*.py")):
+            digest.update(path.relative_to(package).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+        _SOURCE_DIGEST.append(digest.hexdigest())
+    return _SOURCE_DIGEST[0]
+
 
 #: Strings longer than this are not treated as file names.
 _MAX_PATH_CHARS = 4096
@@ -65,7 +83,7 @@ class RunInputs:
         if stored.get("seed") != self.seed:
             changed.append("seed")
         if stored.get("servesim_version") != self.servesim_version:
-            changed.append("servesim version")
+            changed.append("servesim version or source")
         if stored.get("cards_sha256") != self.cards_sha256:
             changed.append("hardware/model card")
         old_files = stored.get("files") if isinstance(stored.get("files"), dict) else {}
@@ -86,7 +104,7 @@ class InputResolver:
         from servesim import __version__
 
         self.base_dir = Path(base_dir)
-        self.version = __version__
+        self.version = f"{__version__}+source.{servesim_source_digest()[:16]}"
         self._cards: dict[str, str] = {}
         self._files: dict[str, tuple[str, str] | None] = {}
 

@@ -9,7 +9,7 @@ Layout of ``out_dir``::
 
 A file in ``points/`` exists only once its run has finished, so a rerun after a crash skips exactly the
 finished runs. Each stored run records its resolved inputs (:mod:`servesim.sweep.inputs`: the run
-config, seed, cards, referenced files and servesim version) and their digest ``inputs_sha256``; a stored
+config, seed, cards, referenced files and servesim version and source digest) and their digest ``inputs_sha256``; a stored
 run whose digest differs from the current one (an input was edited) is treated as not finished and rerun.
 """
 
