@@ -389,6 +389,22 @@ def prefix_scenarios(add) -> None:
         with_content(shared_prompt_turns(293, 8, [100], (10, 50), (10, 40))
                      + conversation_turns(294, 2, 3, 0, (10, 40), (10, 30), gap=3, start_every=7), 293, k=3),
         spec("eagle", 3))
+    # turns whose P + O - 1 is a multiple of 16: the output processed after the last step caches the block its
+    # last computed token fills; the follow-up (arriving after the turn finished) hits it
+    fin = [{"key": "f0", "arrival_step": 0, "parts": [("message", "f0", 40)], "output_tokens": 9},
+           {"key": "f1", "arrival_step": 2, "parts": [("system", 0, 30), ("message", "f1", 25)], "output_tokens": 10},
+           {"key": "f2", "arrival_step": 30, "parts": [("message", "f0", 40), ("output", "f0", 9),
+                                                       ("message", "f2", 20)], "output_tokens": 12},
+           {"key": "f3", "arrival_step": 32, "parts": [("system", 0, 30), ("message", "f1", 25),
+                                                       ("output", "f1", 10), ("message", "f3", 30)],
+            "output_tokens": 4},
+           {"key": "f4", "arrival_step": 60, "parts": [("message", "f0", 40), ("output", "f0", 9),
+                                                       ("message", "f2", 20), ("output", "f2", 12),
+                                                       ("message", "f4", 15)], "output_tokens": 17}]
+    add("prefix_async_finished_block", "async scheduling, multi-turn turns with prompt + output - 1 a multiple of "
+        "the block size (48, 64, 80, 112): the finished turn's last output is processed before its blocks are "
+        "freed and caches the block its last computed token fills, so the follow-up hits all of it",
+        engine(async_scheduling=True, **pc), with_content(fin, 295))
 
 
 def main() -> None:

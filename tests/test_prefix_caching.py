@@ -147,6 +147,21 @@ def test_decode_blocks_are_cached_as_they_fill_so_the_next_turn_hits_its_history
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_finished_request_caches_the_block_its_last_computed_token_fills(mode, async_scheduling):
+    """Turn 1: m0 (3 tokens), 6 outputs: its last step computes token 8 (P + O - 1 = 8, two blocks). Sync:
+    that step knows 8 tokens and caches both blocks. Async: it knows only 7 (the token in flight), caching
+    block 0; its last output is then processed before its blocks are freed (vLLM 0.32
+    ``AsyncScheduler._update_request_with_output``: ``num_computed_tokens - num_output_placeholders`` = 8,
+    no further step scheduled), caching block 1. Turn 2 (after turn 1 finished) resends m0 + o0 and adds m1
+    (2): 11 tokens, cap 2 blocks: hit 8 either way."""
+    rows = [[(msg(0), 3), (out(0), 6)], [(msg(0), 3), (out(0), 6), (msg(1), 2), (out(1), 1)]]
+    e = run([3, 11], [6, 1], [0, 0.5], mode, content=content_of(rows), async_scheduling=async_scheduling)
+    assert [s.new_computed for s in e.tracer.steps if s.new_computed] == [[(0, 0)], [(1, 8)]]
+    assert e.tracer.steps[-1].scheduled == [(1, 3, 0)]
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_hits_on_free_queue_blocks_cost_free_blocks_hits_on_held_ones_do_not(mode):
     """H: 12 own prompt tokens, 4 output (3 blocks, 4 from step 1, finishes after step 3). A: the 8-token
     system prompt (2 blocks), 1 output; B (arrives during step 0): the system prompt + 4 own tokens, 1

@@ -452,11 +452,18 @@ class Engine:
             if r in running:
                 del running[r]
                 if self.prefix_caching:
-                    self.free += self.kv.free(r, blk[r], self._kv_cached(r), self.free, finished=True)
+                    self.free += self.kv.free(r, blk[r], self._finished_kv_cached(r), self.free, finished=True)
                 else:
                     self.free += blk[r]
                 blk[r] = 0
         self.finishing = {}
+
+    def _finished_kv_cached(self, r: int) -> int:
+        """Tokens of finished request ``r``'s blocks cached when async scheduling frees them: its last output
+        is processed first, caching ``num_computed_tokens - num_output_placeholders`` (vLLM 0.32
+        ``AsyncScheduler._update_request_with_output``), and plain decoding never schedules it again (no
+        placeholder): its computed tokens, ``P + O - 1``, one more than at its last scheduling."""
+        return self.nc[r]
 
     def _kv_cached(self, r: int) -> int:
         """Tokens of request ``r``'s blocks that are cached (hashed), as of its last scheduling."""

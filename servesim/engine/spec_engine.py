@@ -239,6 +239,10 @@ class SpecEngine(Engine):
             if lagging and r in lagging:
                 self.kv.cache(r, cached)
 
+    def _finished_kv_cached(self, r: int) -> int:  # type: ignore[override]
+        """A finished request frees with :meth:`_kv_cached` (its processed outputs are noted there)."""
+        return self._kv_cached(r)
+
     def _kv_cached(self, r: int) -> int:  # type: ignore[override]
         """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
         scheduling by the outputs processed since (a finished request's last output is processed before its
