@@ -69,8 +69,8 @@ class Workload:
         meta: trace provenance for trace-driven workloads, else None.
         content: what each request's prompt and output tokens are, for prefix caching (segments of shared
             content and their block hashes, :class:`~servesim.workload.content.SequenceContent`), or None
-            when the workload shares nothing (every request's tokens are its own). The engine does not
-            read it yet (prefix caching comes in issue 12's engine work).
+            when the workload shares nothing (every request's tokens are its own). The engine's prefix
+            caching reads it (:mod:`servesim.engine.block_manager`).
         sessions: session and turn of each request (``multi_turn``), else None.
 
     Raises:
