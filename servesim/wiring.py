@@ -214,7 +214,7 @@ ACCEPTANCE_DRAW_CHUNK = 1 << 20
 def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSequence):
     """Acceptance profile, k schedule and pre-drawn uniforms of a speculative run."""
     from servesim.seeding import STREAM_ACCEPTANCE, STREAM_FACTORS, child_seed
-    from servesim.engine.spec_engine import SpecSetup
+    from servesim.engine.speculative_decoding import SpecSetup
     from servesim.speculation.config import DEFAULT_PROFILES
     from servesim.speculation.profile import load_profile
     from servesim.speculation.schedule import KSchedule
@@ -313,14 +313,9 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
         ConfigError: a request can never be served with these settings.
     """
     e = p.cfg.engine
-    cls, extra = Engine, {}
-    if p.spec is not None:
-        from servesim.engine.spec_engine import SpecEngine
-
-        cls, extra = SpecEngine, {"spec": p.spec}
     try:
-        return cls(
-            **extra,
+        return Engine(
+            speculation=p.spec,
             prompt_tokens=p.workload.prompt_tokens if prompt_tokens is None else prompt_tokens,
             output_tokens=p.workload.output_tokens if output_tokens is None else output_tokens,
             arrivals=source,

@@ -77,15 +77,15 @@ def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
 def test_a_stall_is_a_one_line_error_naming_the_request(monkeypatch):
     # Make the cache shrink under a running engine (the constructor's checks make a stall unreachable
     # otherwise): the stuck request and the settings to change are named, no traceback-only ValueError.
-    from servesim.engine import spec_engine
+    from servesim.engine.speculative_decoding import SpeculativeDecoding
 
-    original = spec_engine.SpecEngine._check_peak_fits
+    original = SpeculativeDecoding.check_peak_fits
 
     def shrink_after_check(self):
         original(self)
-        self.total_blocks = self.free = 64
+        self.engine.total_blocks = self.engine.free_blocks = 64
 
-    monkeypatch.setattr(spec_engine.SpecEngine, "_check_peak_fits", shrink_after_check)
+    monkeypatch.setattr(SpeculativeDecoding, "check_peak_fits", shrink_after_check)
     for mode in ("run", "step"):
         with pytest.raises(ConfigError) as err:
             simulate(config(CASES[0][0], 900, 124, 65, mode))

@@ -67,9 +67,9 @@ def test_every_request_finishes_with_exactly_its_tokens_and_modes_agree(c):
     assert np.all(r.finish_s >= r.first_token_s)
     assert np.all(r.first_scheduled_s >= r.arrival_s)
     # all blocks are returned at the end
-    assert eng_run.free == blocks - 1 and eng_step.free == blocks - 1  # all usable blocks (not the null block)
+    assert eng_run.free_blocks == blocks - 1 and eng_step.free_blocks == blocks - 1  # all usable blocks (not the null block)
     # bit-identical per-request times in both modes (integer picoseconds)
-    for name in ("arr", "first_sched", "first_tok", "fin", "npre", "gen"):
+    for name in ("arrival_ps", "first_scheduled_ps", "first_token_ps", "finish_ps", "num_preemptions", "num_generated"):
         assert getattr(eng_run, name) == getattr(eng_step, name), name
     assert sorted(eng_run.extra_itl) == sorted(eng_step.extra_itl)
     s_run, s_step = eng_run.output().steps, eng_step.output().steps
@@ -82,11 +82,11 @@ class _CheckedEngine(Engine):
 
     def _explicit_step(self):
         super()._explicit_step()
-        held = sum(self.blk[r] for r in self.running)
-        assert 0 <= self.free <= self.total_blocks
-        assert held + self.free == self.total_blocks
+        held = sum(self.num_blocks[r] for r in self.running)
+        assert 0 <= self.free_blocks <= self.total_blocks
+        assert held + self.free_blocks == self.total_blocks
         for r in self.running:
-            assert self.blk[r] >= -(-self.nc[r] // self.bs)
+            assert self.num_blocks[r] >= -(-self.num_computed[r] // self.block_size)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -22,7 +22,7 @@ import simpy
 
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
-from servesim.engine.spec_engine import SpecEngine, SpecSetup
+from servesim.engine.speculative_decoding import SpecSetup
 from servesim.engine.step_trace import StepTracer
 from servesim.workload.content import SequenceContent
 from servesim.speculation.config import SpeculativeConfig
@@ -108,9 +108,8 @@ def replay(golden: dict, mode: str) -> list[dict]:
     scen = golden["scenario"]
     eng, reqs = scen["engine"], scen["requests"]
     spec = spec_setup(scen)
-    cls, extra = (Engine, {}) if spec is None else (SpecEngine, {"spec": spec})
-    engine = cls(
-        **extra,
+    engine = Engine(
+        speculation=spec,
         prompt_tokens=[r["prompt_tokens"] for r in reqs],
         output_tokens=[r["output_tokens"] for r in reqs],
         arrivals=ArrivalSource(times=[r["arrival_step"] * STEP_PS for r in reqs], num_requests=len(reqs)),

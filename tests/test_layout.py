@@ -179,6 +179,6 @@ def test_run_without_plot_imports_only_what_the_run_needs(tmp_path):
 
 def test_run_with_speculation_imports_the_runtime_model_only(tmp_path):
     loaded = _run_imports(tmp_path, "--no-plot", "--speculative-config", '{"method": "eagle", "num_speculative_tokens": 3}')
-    assert {"servesim.speculation.config", "servesim.speculation.profile", "servesim.engine.spec_engine"} <= loaded
+    assert {"servesim.speculation.config", "servesim.speculation.profile", "servesim.engine.speculative_decoding"} <= loaded
     assert [m for m in NOT_ON_THE_RUN_PATH if _loaded(m, loaded)] == []
 

@@ -18,7 +18,8 @@ from engine_helpers import flat_step_model, run_engine
 from servesim import simulate
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager
-from servesim.engine.spec_engine import SpecEngine, SpecSetup
+from servesim.engine.core import Engine
+from servesim.engine.speculative_decoding import SpecSetup
 from servesim.engine.step_trace import StepTracer
 from servesim.roofline import PS_PER_S
 from servesim.speculation.config import SpeculativeConfig
@@ -244,7 +245,7 @@ def test_prefix_caching_off_changes_nothing_and_reports_nothing(mode):
 # ------------------------------------------------------------------------------ with speculative decoding
 
 def run_spec(prompt, output, arrival_s, mode, method, k, accept, kv_blocks=100, content=None, block_size=4,
-             max_num_batched_tokens=8192, async_scheduling=False, mtp_layers=1, tracer=True) -> SpecEngine:
+             max_num_batched_tokens=8192, async_scheduling=False, mtp_layers=1, tracer=True) -> Engine:
     """A speculative engine (free drafter, flat 10 ms step) whose request ``r`` accepts ``accept[r][j]``
     drafts in its ``j``-th verification round (0 past the list), as the oracle's fake model runner."""
     cfg = SpeculativeConfig.model_validate({"method": method, "num_speculative_tokens": k, "acceptance": {"alpha": 0.7},
@@ -257,7 +258,7 @@ def run_spec(prompt, output, arrival_s, mode, method, k, accept, kv_blocks=100, 
                       uniforms=None, factors=None, accept_table=table, draft_slots=cfg.max_num_new_slots_for_drafting,
                       prefill_lookahead=cfg.num_prefill_lookahead_tokens(mtp_layers))
     times = np.rint(np.asarray(arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
-    engine = SpecEngine(spec=setup, prompt_tokens=np.asarray(prompt), output_tokens=np.asarray(output),
+    engine = Engine(speculation=setup, prompt_tokens=np.asarray(prompt), output_tokens=np.asarray(output),
                         arrivals=ArrivalSource(times=times, num_requests=len(times)), step_time=flat_step_model(0.01),
                         kv_blocks_total=kv_blocks, block_size=block_size, max_num_seqs=16,
                         max_num_batched_tokens=max_num_batched_tokens, mode=mode, async_scheduling=async_scheduling,

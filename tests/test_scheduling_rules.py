@@ -57,7 +57,7 @@ import simpy
 from engine_helpers import flat_step_model
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
-from servesim.engine.spec_engine import SpecEngine, SpecSetup
+from servesim.engine.speculative_decoding import SpecSetup
 from servesim.roofline import PS_PER_S
 from servesim.speculation.costs import DrafterCost
 from servesim.speculation.profile import load_profile
@@ -118,19 +118,18 @@ def _tracing(cls):
             self.admission_steps: list[int] = []  # steps in which admission of waiting requests was tried
 
         def _admit(self, *args, **kwargs):
-            self.admission_steps.append(self.G)
+            self.admission_steps.append(self.step_index)
             return super()._admit(*args, **kwargs)
 
         def _preempt(self, victim: int) -> int:
             freed = super()._preempt(victim)
-            self.preemption_log.append((self.G, victim, list(self.waiting)))
+            self.preemption_log.append((self.step_index, victim, list(self.waiting)))
             return freed
 
     return Traced
 
 
 TracedEngine = _tracing(Engine)
-TracedSpecEngine = _tracing(SpecEngine)
 
 
 def run(requests: list[Req], *, num_gpu_blocks: int, mode: str, max_num_batched_tokens: int = 8192,
@@ -162,7 +161,7 @@ def run(requests: list[Req], *, num_gpu_blocks: int, mode: str, max_num_batched_
             drafts_may_be_empty=False, drafter=DrafterCost(kind="cpu", cpu_subps_per_request=0),
             profile=load_profile({"alpha": 0.5}), uniforms=None, factors=None, accept_table=table,
         )
-        engine = TracedSpecEngine(spec=setup, **kwargs)
+        engine = TracedEngine(speculation=setup, **kwargs)
     env = simpy.Environment()
     env.process(engine.process(env))
     env.run()

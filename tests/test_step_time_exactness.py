@@ -193,7 +193,7 @@ long_runs = st.tuples(st.integers(0, SUBPS_MASK), st.integers(1, 2**58), st.inte
 @given(st.lists(st.one_of(runs, long_runs), min_size=1, max_size=6),
        st.lists(st.one_of(st.integers(1, 10**10), st.integers(1, 2**50)), min_size=1, max_size=6))
 def test_step_durations_rebuilt_at_output_are_the_stepped_ones(run_list, single):
-    """Engine._step_ends on rows of decode runs (``sub_runs``) and single steps, against stepping."""
+    """Engine._step_ends on rows of closed-form decode runs and single steps, against stepping."""
     rows, sub_runs, expected = [], [], []
     for i, (rem, d0, inc, n) in enumerate(run_list):
         ends, _ = stepped(rem, d0, inc, n)
@@ -204,16 +204,18 @@ def test_step_durations_rebuilt_at_output_are_the_stepped_ones(run_list, single)
         if i < len(single):
             rows.append([0, 1, single[i], 0, single[i]] + [0] * 8)
             expected.append(single[i])
-    fake = SimpleNamespace(sub_runs=sub_runs)
+    fake = SimpleNamespace(closed_runs_row=sub_runs[0::4], closed_runs_remainder=sub_runs[1::4],
+                           closed_runs_first_subps=sub_runs[2::4], closed_runs_increment_subps=sub_runs[3::4],
+                           summed_runs_row=[], summed_runs_ends=[])
     cols = np.asarray(rows, dtype=np.int64).T
-    np.testing.assert_array_equal(Engine._step_ends(fake, cols), np.asarray(expected, dtype=np.int64))
+    np.testing.assert_array_equal(Engine._step_ends(fake, cols[1], cols[4]), np.asarray(expected, dtype=np.int64))
 
 
 @given(st.integers(0, SUBPS_MASK), st.integers(1, 10**13), st.integers(0, 10**10), st.integers(1, 400),
        st.integers(1, 10**9))
 def test_steps_to_reach_is_the_first_step_ending_at_or_after_a_time(rem, d0, inc, n_max, span_ps):
     """The engine cuts a run at the first step ending at or after ``span_ps`` ps from its start."""
-    m = Engine._steps_to_reach((span_ps << SUBPS_BITS) - rem, d0, inc, n_max)
+    m = Engine.steps_to_reach((span_ps << SUBPS_BITS) - rem, d0, inc, n_max)
     ends, _ = stepped(rem, d0, inc, n_max)
     first = next((j + 1 for j, e in enumerate(ends) if e >= span_ps), n_max)
     assert m == first

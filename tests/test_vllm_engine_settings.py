@@ -87,15 +87,15 @@ def test_engine_gets_the_settings_from_the_config():
     cfg = validate(SimConfig, config({"method": "mtp", "num_speculative_tokens": 3}, model=card,
                                      hardware="h200-sxm", tp=8), "test")
     engine, _, info = build_engine(cfg, ROOT, np.random.SeedSequence(0))
-    assert (engine.prefill_lookahead, engine.draft_slots, engine.L, engine.async_sched) == (3, 0, 3, True)
+    assert (engine.prefill_lookahead, engine.draft_slots, engine.lookahead_slots, engine.async_scheduling) == (3, 0, 3, True)
     assert info["async_scheduling"] is True
     cfg = validate(SimConfig, config({"method": "draft_model", "num_speculative_tokens": 2, "draft_cost": 0.1,
                                       "acceptance": {"alpha": 0.7}}), "test")
     engine, _, info = build_engine(cfg, ROOT, np.random.SeedSequence(0))
-    assert (engine.prefill_lookahead, engine.draft_slots, engine.L) == (0, 1, 2)
+    assert (engine.prefill_lookahead, engine.draft_slots, engine.lookahead_slots) == (0, 1, 2)
     engine, _, info = build_engine(validate(SimConfig, config({"method": "ngram", "num_speculative_tokens": 2}),
                                             "test"), ROOT, np.random.SeedSequence(0))
-    assert (engine.draft_slots, engine.L, engine.async_sched, info["async_scheduling"]) == (0, 0, False, False)
+    assert (engine.draft_slots, engine.lookahead_slots, engine.async_scheduling, info["async_scheduling"]) == (0, 0, False, False)
     # a null block: one block fewer than vLLM's num_gpu_blocks holds requests' KV
     assert engine.total_blocks == info["kv_cache_blocks"] - 1
 

@@ -1,55 +1,65 @@
 """The engine of one model replica: vLLM V1 scheduling over a paged KV cache, advanced by SimPy.
 
-Scheduling mirrors vLLM 0.32's v1 scheduler (``vllm/v1/core/sched/scheduler.py``, see ``docs/reference/vllm-semantics.md``; checked step by step
-against it on the golden traces of ``tests/data/golden/``, written by ``oracle/vllm_oracle.py``):
+One engine serves plain and speculative decoding. Scheduling (admission, allocate-or-preempt, the step's
+cost, emission) is written once, here; how a decoding request decodes (its verify width and acceptance,
+the drafter's cost, and how a run of decode steps is summed) is a decoding strategy:
+:class:`~servesim.engine.plain_decoding.PlainDecoding` (one token per step) or
+:class:`~servesim.engine.speculative_decoding.SpeculativeDecoding` (``1 + k`` tokens, stochastic acceptance).
+
+Scheduling mirrors vLLM 0.32's v1 scheduler (``vllm/v1/core/sched/scheduler.py``, see
+``docs/reference/vllm-semantics.md``; checked step by step against it on the golden traces of
+``tests/data/golden/``, written by ``oracle/vllm_oracle.py``):
 
 * the KV pool has ``num_gpu_blocks - 1`` usable blocks (block 0 is vLLM's null block);
-
 * every step walks the RUNNING requests in admission order, giving each the tokens it still has to
-  compute (``prompt + generated - num_computed``: 1 for a decoding request, a chunk of the prompt for a
-  prefilling one) capped by what is left of the token budget ``max_num_batched_tokens``;
-* each scheduled request gets the KV blocks for ``num_computed + num_new`` tokens; when the pool is empty
-  the most recently admitted running request is preempted (recompute: its blocks are freed, its computed
-  tokens reset to 0, it goes to the FRONT of the waiting queue), and if that victim is the request being
-  scheduled, scheduling of running requests stops for this step;
+  compute (``prompt + generated - num_computed``: 1 for a decoding request, ``1 + drafts`` with
+  speculation, a chunk of the prompt for a prefilling one) capped by what is left of the token budget
+  ``max_num_batched_tokens``;
+* each scheduled request gets the KV blocks for ``num_computed + num_new + lookahead`` tokens; when the
+  pool is empty the most recently admitted running request is preempted (recompute: its blocks are
+  freed, its computed tokens reset to 0, it goes to the FRONT of the waiting queue), and if that victim is
+  the request being scheduled, scheduling of running requests stops for this step;
 * then, only if nobody was preempted in this step, WAITING requests are admitted in FCFS order while
   budget is left and fewer than ``max_num_seqs`` run, each only if its whole sequence fits in the free
   blocks (``scheduler_reserve_full_isl``) and its first chunk plus the lookahead slots can be allocated;
   with chunked prefill a prompt takes whatever budget is left;
-* a request whose computed tokens reach its known tokens samples one token at the end of the step;
-  a finished request frees its blocks at the end of the step, or, with async scheduling
-  (``async_scheduling``, vLLM's default on GPUs), after the next step has been scheduled.
+* a request whose computed tokens reach its known tokens samples at the end of the step; a finished
+  request frees its blocks at the end of the step, or, with async scheduling (``async_scheduling``,
+  vLLM's default on GPUs), after the next step has been scheduled.
 
-Speculative decoding adds vLLM's per-method rules (:mod:`servesim.engine.spec_engine`): the drafting
-slots a draft model takes out of the budget, the lookahead KV slots, MTP's prefill-chunk rule and, with
-async scheduling, the optimistic KV allocation for the previous step's drafts.
+Speculative decoding adds vLLM's per-method rules (:mod:`servesim.engine.speculative_decoding`): the
+drafting slots a draft model takes out of the budget, the lookahead KV slots, MTP's prefill-chunk rule
+and, with async scheduling, the optimistic KV allocation for the previous step's drafts.
 
 Two modes produce the same result, bit for bit (all times are integer picoseconds):
 
-* ``step``: the plain loop above, one engine step per SimPy timeout, per-request state in lists.
-* ``run`` (default): decoding requests are kept in aggregate (how many there are, the sum of their
-  contexts, how many cross a block boundary at each step phase, a heap of their finishing steps). A step
-  with prefill or admission costs O(requests it touches), and a run of identical decode steps up to the
-  next event (an arrival (every one: the waiting count is logged per step), a request that finishes, a block allocation that would
-  fail) is advanced in O(1) with the closed-form sum of its step times. Rare events that need the
-  per-request order (preemption, a token budget smaller than the decoding batch) materialise the
-  per-request state and run the plain step.
+* ``step``: the loop above, one engine step per SimPy timeout, per-request state in lists.
+* ``run`` (default): decoding requests are kept in aggregate by the decoding strategy (plain decoding: how
+  many there are, the sum of their contexts, how many cross a block boundary at each step phase;
+  speculation: per-step sums of their pre-drawn round timelines), with a heap of their finishing steps. A
+  step with prefill or admission costs O(requests it touches), and a run of decode steps up to the next
+  event (an arrival (every one: the waiting count is logged per step), a request that finishes, a block
+  allocation that would fail) is advanced at once (closed form, or vector sums). Rare events that need
+  the per-request order (preemption, a token budget smaller than the decoding batch) materialise the
+  per-request state and run the exact step.
 
 KV blocks go through the block manager (:mod:`servesim.engine.block_manager`, vLLM 0.32's block pool,
-with prefix caching when ``enable_prefix_caching``). The engine keeps the free-block count in ``self.free``
-and allocates by decrementing it; allocations only pop the free queue's head, so a decode run (which only
-allocates) needs no replay of who took which block: the manager pops the run's blocks at its next call,
-before anything that depends on the queue's order (a free, a lookup, a hit), and run mode then makes the
-same calls in the same order as step mode. Two points keep run mode exact with prefix caching:
+with prefix caching when ``enable_prefix_caching``). The engine keeps the free-block count in
+``free_blocks`` and allocates by decrementing it; allocations only pop the free queue's head, so a
+decode run (which only allocates) needs no replay of who took which block: the manager pops the run's
+blocks at its next call, before anything that depends on the queue's order (a free, a lookup, a hit),
+and run mode then makes the same calls in the same order as step mode. Two points keep run mode exact
+with prefix caching:
 
 * the aggregated decoders' shareable blocks (those another request could hit) are cached lazily, at the
-  step they filled (``_decoder_cached_tokens``), before any other block is cached or looked up
-  (``_cache_scheduled``, ``_leave``), so copies of one hash are cached in step-mode order;
+  step they filled (the strategy's ``cached_tokens``), before any other block is cached or looked up
+  (:meth:`Engine._cache_scheduled`, the strategy's ``leave``), so copies of one hash are cached in
+  step-mode order;
 * a run needs the head of the waiting queue to stay blocked through it. It does: within a run no block is
-  freed and (with plain decoding, no lookahead) the admission check is ``blocks(num_tokens) - hits on held
-  blocks > free blocks``, where free blocks only fall and hits on held blocks cannot change (no holder
-  leaves); evictions only shorten the hit. While running requests still fill shareable blocks the head
-  might hit, there is no run (each step is taken on its own).
+  freed and the admission check is ``blocks(num_tokens) + evictable hits - hits > free blocks``, where free
+  blocks only fall and hits on held blocks cannot change (no holder leaves); evictions only shorten the
+  hit. While running requests still fill shareable blocks the head might hit, there is no run (each step
+  is taken on its own).
 """
 
 from __future__ import annotations
@@ -64,15 +74,9 @@ import numpy as np
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, ROW_SUBPS_MAX, StepRow
 from servesim.errors import ConfigError
-from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS, StepTimeModel
-
-KV_BLOCK_PS_MAX = 2**62
-"""Largest KV-block integral (blocks x ps) of one step-log row: longer runs are split so that it fits int64."""
-
-ROW_SUBPS_MAX = 2**62
-"""Rows shorter than this (2^-16 ps, about 70 s) have their steps' ends rebuilt in one int64 expression."""
-
+from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
 class Engine:
     """One replica's scheduler, KV-block pool and step clock.
@@ -89,19 +93,25 @@ class Engine:
         max_num_batched_tokens: token budget per step (vLLM ``max_num_batched_tokens``).
         enable_chunked_prefill: if False a prompt is admitted only when it fits the remaining budget whole.
         mode: ``"run"`` (fast, default) or ``"step"`` (one step at a time).
-        async_scheduling: vLLM's async scheduling (see :meth:`_release_finishing`): the next step is
+        async_scheduling: vLLM's async scheduling (see :meth:`release_finishing`): the next step is
             scheduled before this step's output is processed, so a request that finishes in a step keeps
             its blocks and its place in the running list while the next step is scheduled.
         max_time_s: stop the simulation at the first step boundary at or after this time (s); None = never.
         enable_prefix_caching: vLLM's automatic prefix caching (:mod:`servesim.engine.block_manager`).
         content: the requests' :class:`~servesim.workload.content.SequenceContent` for prefix caching
             (None = no two requests share content; a preempted request still hits its own blocks).
+        speculation: a :class:`~servesim.engine.speculative_decoding.SpecSetup` to decode speculatively;
+            None (default) = plain decoding.
 
     Raises:
         ValueError: a request has no prompt or no output token (``prompt_tokens`` or ``output_tokens`` <
             1), a request can never be served (its tokens exceed the KV cache or, without chunked
-            prefill, its prompt exceeds the token budget), or a setting is out of range.
+            prefill, its prompt exceeds the token budget; with speculation, its largest one-step KV need
+            exceeds the cache), or a setting is out of range.
     """
+
+    #: Longest stretch of steps (after a fallback) kept on per-request state before rebuilding the aggregate.
+    MAX_FALLBACK_STRETCH = 32
 
     def __init__(
         self,
@@ -120,22 +130,23 @@ class Engine:
         async_scheduling: bool = False,
         enable_prefix_caching: bool = False,
         content=None,
+        speculation=None,
     ) -> None:
         if mode not in ("run", "step"):
             raise ValueError(f"unknown engine mode {mode!r} (expected 'run' or 'step')")
         if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 or kv_blocks_total < 2:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1 and KV blocks >= 2 "
                              "(vLLM keeps one null block)")
-        self.P = [int(x) for x in np.asarray(prompt_tokens).tolist()]
-        self.O = [int(x) for x in np.asarray(output_tokens).tolist()]
-        n = len(self.P)
-        self.n = n
+        self.prompt_tokens = [int(x) for x in np.asarray(prompt_tokens).tolist()]
+        self.output_tokens = [int(x) for x in np.asarray(output_tokens).tolist()]
+        num_requests = len(self.prompt_tokens)
+        self.num_requests = num_requests
         self.arrivals = arrivals
-        self.st = step_time
-        self.bs = int(block_size)
-        self.M = int(max_num_batched_tokens)
-        self.max_seqs = int(max_num_seqs)
-        self.chunked = bool(enable_chunked_prefill)
+        self.step_time = step_time
+        self.block_size = block_size = int(block_size)
+        self.max_num_batched_tokens = int(max_num_batched_tokens)
+        self.max_num_seqs = int(max_num_seqs)
+        self.enable_chunked_prefill = bool(enable_chunked_prefill)
         self.mode = mode
         # run mode after a fallback (one exact step on per-request state): how many further steps stay on
         # that state before the aggregate is rebuilt, the current stretch, and the step of the last rebuild
@@ -143,97 +154,131 @@ class Engine:
         self.fallback_stretch = 0
         self.aggregated_at_step = 0
         self.total_blocks = int(kv_blocks_total) - 1  # usable blocks: vLLM's block pool keeps block 0 as its null block
-        # vLLM's per-request token costs in a step (0 without speculation; see SpecEngine): slots taken out of
-        # the token budget per scheduled request for drafting, and the prefill lookahead of multi-layer MTP
-        self.draft_slots = 0
-        self.prefill_lookahead = 0
         self.tracer = None  # a servesim.engine.step_trace.StepTracer records every step when set
-        self.async_sched = bool(async_scheduling)
+        self.async_scheduling = bool(async_scheduling)
         # async scheduling: requests that finished in the previous step -> whether vLLM knew they would
         # (then it skips them; otherwise it schedules them once more and discards that output)
         self.finishing: dict[int, bool] = {}
         self.max_time_ps = None if max_time_s is None else round(max_time_s * PS_PER_S)
-        bs = self.bs
-        if n:
-            for name, tokens in (("prompt_tokens", self.P), ("output_tokens", self.O)):
-                if min(tokens) < 1:
-                    i = tokens.index(min(tokens))
-                    raise ValueError(f"request {i}: {name} = {tokens[i]}, expected >= 1 (vLLM needs a prompt "
-                                     "token and max_tokens >= 1)")
-            longest = max(p + o for p, o in zip(self.P, self.O))
-            if -(-longest // bs) > self.total_blocks:
-                raise ValueError(
-                    f"a request of {longest} tokens (prompt + output) needs more KV blocks than the cache holds "
-                    f"({self.total_blocks} blocks of {bs} tokens): it could never be served"
-                )
-            if not self.chunked and longest > self.M:
-                raise ValueError(
-                    f"a request of {longest} tokens (prompt + output) exceeds max_num_batched_tokens={self.M} "
-                    "with chunked prefill disabled: after a preemption it could never be recomputed "
-                    "(vLLM requires max_num_batched_tokens >= max_model_len without chunked prefill)"
-                )
+        if num_requests:
+            self._check_requests_fit()
         # Per-request state (materialised: always valid for non-decoders, for decoders in step mode).
-        self.nc = [0] * n  # num_computed_tokens
-        self.gen = [0] * n  # generated (sampled) tokens
-        self.blk = [0] * n  # KV blocks held
-        self.last_emit = [-1] * n  # ps of the last token emission
+        self.num_computed = [0] * num_requests  # vLLM num_computed_tokens
+        self.num_generated = [0] * num_requests  # sampled (emitted) tokens
+        self.num_blocks = [0] * num_requests  # KV blocks held
+        self.last_emit_ps = [-1] * num_requests  # the last token emission
+        # decode_ready[r]: r's next scheduling decodes (it sampled when last scheduled; with speculation the
+        # drafter proposed for it then, so a recompute after a preemption has none, even when one token of
+        # its recompute is left; without speculation such a recompute decodes its last token as usual)
+        self.decode_ready = [False] * num_requests
+        self.emitted_tokens = [0] * num_requests  # tokens each request emitted at its last emission
+        # async scheduling: the drafts rejected in the step each request last verified in; while the next
+        # step is scheduled vLLM still counts them as computed, so that step's KV allocation is for
+        # ``num_computed + rejected + scheduled + lookahead`` tokens (0 without speculation)
+        self.rejected_drafts = [0] * num_requests
+        self.rejected_at_step = [-2] * num_requests
         # Records (ps; -1 = not yet).
-        self.arr = [-1] * n
-        self.first_sched = [-1] * n
-        self.first_tok = [-1] * n
-        self.fin = [-1] * n
-        self.npre = [0] * n
+        self.arrival_ps = [-1] * num_requests
+        self.first_scheduled_ps = [-1] * num_requests
+        self.first_token_ps = [-1] * num_requests
+        self.finish_ps = [-1] * num_requests
+        self.num_preemptions = [0] * num_requests
         # Queues.
         self.running: dict[int, None] = {}  # admission order
         self.waiting: deque[int] = deque()
-        self.free = self.total_blocks
-        # the KV block manager (vLLM's block pool); ``self.free`` mirrors its free-block count, decremented
+        self.free_blocks = self.total_blocks
+        # the decoding strategy (its per-request token costs, lookahead and aggregate), before the block
+        # manager, which needs its use_eagle
+        if speculation is None:
+            from servesim.engine.plain_decoding import PlainDecoding
+
+            self.decoding = PlainDecoding(self)
+        else:
+            from servesim.engine.speculative_decoding import SpeculativeDecoding
+
+            self.decoding = SpeculativeDecoding(self, speculation)
+        decoding = self.decoding
+        # vLLM's per-request token costs in a step (0 without speculation): slots taken out of the token
+        # budget per scheduled request for drafting, the prefill lookahead of multi-layer MTP, and the
+        # KV lookahead slots
+        self.draft_slots = decoding.draft_slots
+        self.prefill_lookahead = decoding.prefill_lookahead
+        self.lookahead_slots = decoding.lookahead_slots
+        # vLLM's num_reprefillable_tokens (multi-layer MTP: the last prefill_lookahead - 1 tokens are not cached yet)
+        self.reprefill_tokens = max(self.prefill_lookahead - 1, 0)
+        self.k_next = decoding.initial_k  # drafts proposed in the last step, verified in the next one
+        # the KV block manager (vLLM's block pool); ``free_blocks`` mirrors its free-block count, decremented
         # by allocations, which the manager applies at its next call (BlockManager.sync)
         self.prefix_caching = bool(enable_prefix_caching)
-        self.kv = BlockManager(self.total_blocks + 1, bs, self.prefix_caching, content, self._use_eagle())
-        self.num_cached_tokens = [-1] * n  # vLLM Request.num_cached_tokens: the hit at first scheduling
-        # async scheduling: tokens of each request's blocks cached at its last scheduling (vLLM cache_blocks:
-        # num_computed + num_new, capped at the tokens known then, which exclude the token still in flight
-        # from the step before); written after each step and, for aggregated decoders, at _leave. Without
-        # async scheduling they are its computed tokens (see _kv_cached).
-        self.kv_cached_tokens = [0] * n
+        self.kv = BlockManager(self.total_blocks + 1, block_size, self.prefix_caching, content, decoding.use_eagle)
+        self.num_cached_tokens = [-1] * num_requests  # vLLM Request.num_cached_tokens: the hit at first scheduling
+        # prefix caching: tokens of each request's blocks cached at its last scheduling (vLLM cache_blocks:
+        # min(num_computed + num_new, num_tokens), without drafts, under async scheduling without the tokens
+        # still in flight, less num_reprefillable_tokens; see _note_scheduled) and, under async scheduling,
+        # what the output in flight at that scheduling caches once processed (kv_output_tokens), and what a
+        # finished request's last output caches (output_cached)
+        self.kv_cached_tokens = [0] * num_requests
+        self.kv_output_tokens = [0] * num_requests
+        self.output_cached: dict[int, int] = {}
         self.stale_joins: dict[int, int] = {}  # run mode: decoder -> step it joined the aggregate at, stale
-        # whether admissions note their cached tokens (_note_scheduled): needed for async scheduling's
-        # frees and for shareable blocks; the speculative engine always needs them (see _kv_cached)
-        self.note_cached = self.async_sched or self.kv.shareable is not None
         self.prefix_cache_stats = PrefixCacheStats()
         self.now = 0
         self.clock_subps = 0  # the clock's remainder below self.now (ps), in 2^-16 ps: [0, SUBPS_PER_PS)
-        self.G = 0  # index of the next engine step
+        self.step_index = 0  # index of the next engine step
         self.finished = 0
-        # Aggregated decoders (run mode).
-        self.partial: int | None = None
-        self.B = 0  # number of aggregated decoders
-        self.A = 0  # sum of a_r: decoder r needs a_r + g KV slots (its context) at step g
-        self.cnt = [0] * bs  # decoders per residue a_r mod block_size
-        self.cnt2 = [0] * (2 * bs)  # cnt twice over, so that a cyclic window is one slice
-        self.heap: list[tuple[int, int]] = []  # (step at which it emits its last token, request)
-        self.a = [0] * n
-        self.g0 = [0] * n
-        self.e0 = [0] * n
-        self.stale: dict[int, int] = {}  # decoders whose last emission was not at the previous step's end
-        self.fing = [-1] * n  # step at which aggregated decoder r emits its last token; -1 if not one
-        # Step log: one tuple per step or run (start, steps, first duration, increment, duration, batch,
-        # tokens, prefill tokens, ITL samples per step, KV blocks used, waiting, preempted, k), in ps.
-        self.rows: list[tuple] = []
+        # Aggregated decoders (run mode): their representation is the strategy's; the engine keeps which
+        # request is mid-prefill and when each decoder emits its last token.
+        self.partial: int | None = None  # the running request mid-prefill (the last admitted)
+        self.multi_partial = False  # several requests mid-prefill (MTP's chunk rule): exact steps then
+        self.finish_heap: list[tuple[int, int]] = []  # (step at which it emits its last token, request)
+        self.finish_step = [-1] * num_requests  # step at which aggregated decoder r emits its last token; -1 if not one
+        self.stale: dict[int, int] = {}  # decoder -> ps of its last emission, when not the previous step's end
+        # Step log: one StepRow per step or run.
+        self.rows: list[StepRow] = []
         # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
         # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
-        self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of speculative runs
-        # decode runs of more than one step, a flat list of ints (cheap to extend): (row, clock remainder at
-        # its start, d0, inc), 2^-16 ps, from which the output rebuilds every step's duration in ps
-        self.sub_runs: list[int] = []
-        # those whose integral is corrected at output: their rows in kv_runs and cnt2's window of block_size
-        # counts at the run's first step in kv_windows
+        self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of runs summed step by step
+        # closed-form decode runs of more than one step (plain decoding): their rows, clock remainders at
+        # their start, first durations and increments (2^-16 ps), from which the output rebuilds every
+        # step's duration in ps; and those whose integral is corrected at output: their rows, and the
+        # blocks each step phase allocates (block_size counts per run, flat)
+        self.closed_runs_row: list[int] = []
+        self.closed_runs_remainder: list[int] = []
+        self.closed_runs_first_subps: list[int] = []
+        self.closed_runs_increment_subps: list[int] = []
         self.kv_runs: list[int] = []
         self.kv_windows: list[int] = []
+        # runs summed step by step (speculation): their rows and their steps' ends after the row's start (ps)
+        self.summed_runs_row: list[int] = []
+        self.summed_runs_ends: list = []
         self.kv_safe_ps = KV_BLOCK_PS_MAX // self.total_blocks  # rows shorter than this always fit
         self.extra_itl: list[int] = []
         self._arrived: list[tuple[int, int]] = []
+
+    def _check_requests_fit(self) -> None:
+        """Refuse requests that could never be served.
+
+        Raises:
+            ValueError: one line naming the request or the limit, and what was expected.
+        """
+        bs = self.block_size
+        for name, tokens in (("prompt_tokens", self.prompt_tokens), ("output_tokens", self.output_tokens)):
+            if min(tokens) < 1:
+                r = tokens.index(min(tokens))
+                raise ValueError(f"request {r}: {name} = {tokens[r]}, expected >= 1 (vLLM needs a prompt "
+                                 "token and max_tokens >= 1)")
+        longest = max(p + o for p, o in zip(self.prompt_tokens, self.output_tokens))
+        if -(-longest // bs) > self.total_blocks:
+            raise ValueError(
+                f"a request of {longest} tokens (prompt + output) needs more KV blocks than the cache holds "
+                f"({self.total_blocks} blocks of {bs} tokens): it could never be served"
+            )
+        if not self.enable_chunked_prefill and longest > self.max_num_batched_tokens:
+            raise ValueError(
+                f"a request of {longest} tokens (prompt + output) exceeds max_num_batched_tokens="
+                f"{self.max_num_batched_tokens} with chunked prefill disabled: after a preemption it could never "
+                "be recomputed (vLLM requires max_num_batched_tokens >= max_model_len without chunked prefill)"
+            )
 
     # ------------------------------------------------------------------ SimPy process
     def process(self, env):
@@ -263,7 +308,7 @@ class Engine:
                 self.explicit_steps_left -= 1
                 if not self.explicit_steps_left:
                     self._aggregate()
-                    self.aggregated_at_step = self.G
+                    self.aggregated_at_step = self.step_index
             else:
                 self._fast_step()
             yield env.timeout((self.now - t0) / PS_PER_S)
@@ -272,28 +317,29 @@ class Engine:
         got = self._arrived
         self.arrivals.pop_until(self.now, got)
         if got:
-            arr, waiting = self.arr, self.waiting
+            arrival, waiting = self.arrival_ps, self.waiting
             for r, t in got:
-                arr[r] = t
+                arrival[r] = t
                 waiting.append(r)
             got.clear()
 
     # ------------------------------------------------------------------ shared pieces
-    def _admit(self, t0: int, budget: int, free: int, nrun: int, sched: list, lookahead: int = 0) -> tuple[int, int]:
-        """Admit waiting requests (FCFS) into ``sched``; returns (budget, free) left.
+    def _admit(self, t0: int, budget: int, free: int, num_running: int, sched: list) -> tuple[int, int]:
+        """Admit waiting requests (FCFS) into ``sched`` (``(request, tokens)`` pairs); returns (budget, free) left.
 
-        A request is admitted only if its whole prompt (plus ``lookahead`` speculative slots) fits in the
-        free blocks; it gets blocks for its first chunk plus the lookahead slots.
+        A request is admitted only if its whole sequence fits in the free blocks; it gets blocks for its
+        first chunk plus the lookahead slots.
         """
-        waiting, P, gen, blk, bs = self.waiting, self.P, self.gen, self.blk, self.bs
-        running, first_sched = self.running, self.first_sched
+        waiting, prompt, gen, blocks, bs = self.waiting, self.prompt_tokens, self.num_generated, self.num_blocks, self.block_size
+        running, first_sched = self.running, self.first_scheduled_ps
         ds = self.draft_slots
+        lookahead = self.lookahead_slots
         caching = self.prefix_caching
         hit = None
         hit_tokens = extra = 0
-        while waiting and budget > ds and nrun < self.max_seqs:
+        while waiting and budget > ds and num_running < self.max_num_seqs:
             r = waiting[0]
-            total = P[r] + gen[r]
+            total = prompt[r] + gen[r]
             if caching:
                 hit = self.kv.lookup(r, total, free)
                 hit_tokens = hit.num_blocks * bs
@@ -302,7 +348,7 @@ class Engine:
                 break
             left = total - hit_tokens
             n = left if left < budget - ds else budget - ds
-            if n < left and not self.chunked:
+            if n < left and not self.enable_chunked_prefill:
                 break
             if self.prefill_lookahead > 1:
                 n = self._reserve_prefill_lookahead(total, hit_tokens, n)
@@ -312,23 +358,22 @@ class Engine:
             if need > free:
                 break
             free -= need
-            blk[r] = need - extra
+            blocks[r] = need - extra
             if caching:
                 if hit_tokens:
                     self.kv.touch(r, hit)
-                    self.nc[r] = hit_tokens
-                if self.note_cached:
-                    cached = self._note_scheduled(r, n, t0)
-                    if self.kv.shareable is not None:
-                        self.kv.cache(r, cached)
-                self.prefix_cache_stats.record(total, hit_tokens, self.npre[r] > 0)
+                    self.num_computed[r] = hit_tokens
+                cached = self._note_scheduled(r, n, t0)
+                if self.kv.shareable is not None:
+                    self.kv.cache(r, cached)
+                self.prefix_cache_stats.record(total, hit_tokens, self.num_preemptions[r] > 0)
                 if self.tracer is not None:
-                    self.tracer.record_hit(r, total, hit_tokens, self.npre[r] > 0)
+                    self.tracer.record_hit(r, total, hit_tokens, self.num_preemptions[r] > 0)
             if self.num_cached_tokens[r] < 0:
                 self.num_cached_tokens[r] = hit_tokens
             waiting.popleft()
             running[r] = None
-            nrun += 1
+            num_running += 1
             sched.append((r, n))
             budget -= n + ds
             if first_sched[r] < 0:
@@ -344,7 +389,7 @@ class Engine:
             n -= self.prefill_lookahead - remaining
         return max(n, 0)
 
-    def _flush_stale(self, t_emit: int) -> int:
+    def flush_stale(self, t_emit: int) -> int:
         """Decoders whose last token came before the previous step's end (skipped by a short token budget)
         emit at ``t_emit``: record those irregular ITL gaps; returns how many there were."""
         if not self.stale:
@@ -356,7 +401,7 @@ class Engine:
         return count
 
     def _make_room(self, order: list[int], r: int, need: int, free: int) -> tuple[int, int, bool]:
-        """vLLM's allocation for running request ``r`` in a plain step: while the pool cannot give it
+        """vLLM's allocation for running request ``r`` in an exact step: while the pool cannot give it
         ``need`` blocks in all, preempt the last request of ``order`` (the running list being walked).
 
         Returns:
@@ -364,31 +409,35 @@ class Engine:
             running requests stops for this step).
         """
         preempted = 0
-        while need - self.blk[r] > free:
+        blocks = self.num_blocks
+        while need - blocks[r] > free:
             victim = order.pop()
-            self.free = free  # the pool as the victim's blocks return to it
+            self.free_blocks = free  # the pool as the victim's blocks return to it
             free += self._preempt(victim)
             preempted += 1
             if victim == r:
                 return free, preempted, True
-        if need > self.blk[r]:
-            free -= need - self.blk[r]
-            self.blk[r] = need
+        if need > blocks[r]:
+            free -= need - blocks[r]
+            blocks[r] = need
         return free, preempted, False
 
     def _preempt(self, victim: int) -> int:
         """Preempt running request ``victim`` by recompute: free its blocks, reset its computed tokens, put
         it at the FRONT of the waiting queue (vLLM V1). Returns the blocks it held. (A request that already
         finished, under async scheduling, is not queued again: its output removes it from the queue before
-        the next step.)"""
+        the next step.) With speculation its drafts are dropped."""
         del self.running[victim]
+        if self.decoding.speculative:
+            self.decode_ready[victim] = False
+        self.output_cached.pop(victim, None)  # async: its last output comes after it left (see _kv_cached)
         if self.prefix_caching:
-            freed = self.kv.free(victim, self.blk[victim], self._kv_cached(victim), self.free)
+            freed = self.kv.free(victim, self.num_blocks[victim], self._kv_cached(victim), self.free_blocks)
         else:
-            freed = self.blk[victim]
-        self.blk[victim] = 0
-        self.nc[victim] = 0
-        self.npre[victim] += 1
+            freed = self.num_blocks[victim]
+        self.num_blocks[victim] = 0
+        self.num_computed[victim] = 0
+        self.num_preemptions[victim] += 1
         if victim not in self.finishing:
             self.waiting.appendleft(victim)
         if self.tracer is not None:
@@ -404,22 +453,25 @@ class Engine:
         """
         r = self.waiting[0] if self.waiting else next(iter(self.running))
         raise ConfigError(
-            f"engine: stalled at t={self.now / PS_PER_S:.6f} s: request {r} ({self.P[r]} prompt + {self.gen[r]} "
-            f"generated tokens) can never be scheduled in a cache of {self.total_blocks} blocks of {self.bs} tokens "
-            f"with max_num_batched_tokens={self.M}: raise engine.num_gpu_blocks_override (or gpu_memory_utilization) "
-            "or engine.max_num_batched_tokens"
+            f"engine: stalled at t={self.now / PS_PER_S:.6f} s: request {r} ({self.prompt_tokens[r]} prompt + "
+            f"{self.num_generated[r]} generated tokens) can never be scheduled in a cache of {self.total_blocks} "
+            f"blocks of {self.block_size} tokens with max_num_batched_tokens={self.max_num_batched_tokens}: raise "
+            "engine.num_gpu_blocks_override (or gpu_memory_utilization) or engine.max_num_batched_tokens"
         )
 
     def _emit(self, r: int, t0: int, t1: int) -> bool:
-        """Request ``r`` samples a token at ``t1``; returns True if it finished."""
-        g = self.gen[r]
+        """Request ``r`` completes its prefill (or recompute) and samples a token at ``t1``; returns True if
+        it finished."""
+        g = self.num_generated[r]
         if g == 0:
-            self.first_tok[r] = t1
-        elif self.last_emit[r] != t0:
-            self.extra_itl.append(t1 - self.last_emit[r])
-        self.gen[r] = g + 1
-        self.last_emit[r] = t1
-        if g + 1 >= self.O[r]:
+            self.first_token_ps[r] = t1
+        elif self.last_emit_ps[r] != t0:
+            self.extra_itl.append(t1 - self.last_emit_ps[r])
+        self.num_generated[r] = g + 1
+        self.last_emit_ps[r] = t1
+        self.decode_ready[r] = True  # it samples now (with speculation, the drafter proposes for it)
+        self.emitted_tokens[r] = 1
+        if g + 1 >= self.output_tokens[r]:
             self._finish(r, t1)
             return True
         return False
@@ -427,229 +479,278 @@ class Engine:
     def _finish(self, r: int, t1: int, sure: bool = True) -> None:
         """Request ``r`` emitted its last token at ``t1``; ``sure``: vLLM knew before the step that it would
         (its output needed one more token). With async scheduling its blocks are freed after the next
-        step is scheduled (:meth:`_release_finishing`)."""
-        self.fin[r] = t1
+        step is scheduled (:meth:`release_finishing`)."""
+        self.finish_ps[r] = t1
         self.finished += 1
         self.arrivals.on_finish(t1)
-        if self.async_sched:
+        if self.async_scheduling:
+            if self.prefix_caching:  # what its last output caches once processed (see _kv_cached)
+                known = self.prompt_tokens[r] + self.num_generated[r]
+                out = (self.num_computed[r] if self.num_computed[r] < known else known) - self.reprefill_tokens
+                self.output_cached[r] = out if out > 0 else 0
             self.finishing[r] = sure
             return
         if self.prefix_caching:
-            self.free += self.kv.free(r, self.blk[r], self._kv_cached(r), self.free, finished=True)
+            self.free_blocks += self.kv.free(r, self.num_blocks[r], self._kv_cached(r), self.free_blocks, finished=True)
         else:
-            self.free += self.blk[r]
-        self.blk[r] = 0
+            self.free_blocks += self.num_blocks[r]
+        self.num_blocks[r] = 0
         del self.running[r]
 
-    def _release_finishing(self) -> None:
+    def release_finishing(self) -> None:
         """Async scheduling (vLLM's ``AsyncScheduler`` with two batches in flight): step ``n + 1`` is
         scheduled before step ``n``'s output is processed, so requests that finished in step ``n`` still
         run (they count against ``max_num_seqs``, hold their blocks and can be preemption victims) while
         step ``n + 1`` is scheduled; processing step ``n``'s output then frees them. Called after each
         step's scheduling."""
-        running, blk = self.running, self.blk
+        running, blocks = self.running, self.num_blocks
         for r in self.finishing:
             if r in running:
                 del running[r]
                 if self.prefix_caching:
-                    self.free += self.kv.free(r, blk[r], self._finished_kv_cached(r), self.free, finished=True)
+                    self.free_blocks += self.kv.free(r, blocks[r], self._kv_cached(r), self.free_blocks, finished=True)
                 else:
-                    self.free += blk[r]
-                blk[r] = 0
+                    self.free_blocks += blocks[r]
+                blocks[r] = 0
         self.finishing = {}
 
-    def _finished_kv_cached(self, r: int) -> int:
-        """Tokens of finished request ``r``'s blocks cached when async scheduling frees them: its last output
-        is processed first, caching ``num_computed_tokens - num_output_placeholders`` (vLLM 0.32
-        ``AsyncScheduler._update_request_with_output``), and plain decoding never schedules it again (no
-        placeholder): its computed tokens, ``P + O - 1``, one more than at its last scheduling."""
-        return self.nc[r]
-
     def _kv_cached(self, r: int) -> int:
-        """Tokens of request ``r``'s blocks that are cached (hashed), as of its last scheduling."""
-        return self.kv_cached_tokens[r] if self.async_sched else self.nc[r]
-
-    def _note_scheduled(self, r: int, n: int, t0: int) -> int:
-        """Request ``r`` is scheduled ``n`` tokens in the step starting at ``t0``: returns (and notes) the
-        tokens its blocks now cache (vLLM ``allocate_slots``: ``min(num_computed + num_new, num_tokens)``;
-        under async scheduling a request that sampled in the previous step does not know that token yet)."""
-        cached = self.nc[r] + n
-        if self.async_sched and self.gen[r] >= 1 and self.last_emit[r] == t0:
-            cached = min(cached, self.P[r] + self.gen[r] - 1)
-        self.kv_cached_tokens[r] = cached
+        """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
+        scheduling by the outputs processed since (vLLM 0.32 ``AsyncScheduler._update_request_with_output``
+        caches ``num_computed_tokens - num_output_placeholders``: a finished request's last output is
+        processed before its blocks are freed; a preempted one's in-flight output after, when it no longer
+        runs and caches nothing; a request not scheduled in the previous step has no output in flight)."""
+        cached = self.kv_cached_tokens[r]
+        if self.async_scheduling:
+            out = self.output_cached.pop(r, None)
+            if out is None:
+                if self.last_emit_ps[r] == self.now:  # its last output is still in flight
+                    out = self.kv_output_tokens[r]
+                else:  # not scheduled in the previous step: its last output was processed
+                    total = self.prompt_tokens[r] + self.num_generated[r]
+                    out = (self.num_computed[r] if self.num_computed[r] < total else total) - self.reprefill_tokens
+            if out > cached:
+                return out
         return cached
 
-    def _decoder_cached_tokens(self, r: int, g: int) -> int:
-        """Tokens aggregated decoder ``r``'s blocks cache when it is scheduled in step ``g``: its context
-        ``a_r + g``, less the token in flight under async scheduling (it sampled in step ``g - 1``, unless
-        it joined the aggregate at ``g`` after a step without it)."""
-        if self.async_sched and (g > self.g0[r] or self.stale_joins.get(r) != g):
-            return self.a[r] + g - 1
-        return self.a[r] + g
+    def _note_scheduled(self, r: int, n: int, t0: int) -> int:
+        """Request ``r`` is scheduled ``n`` tokens (drafts included) in the step starting at ``t0``: note and
+        return the tokens its blocks cache (see :meth:`_note_many`)."""
+        self._note_many(((r, n),), t0)
+        return self.kv_cached_tokens[r]
+
+    def _note_many(self, items, t0: int, lagging=None) -> None:
+        """Requests ``items`` (``(request, tokens)`` pairs, drafts included) are scheduled in the step
+        starting at ``t0``: note the tokens their blocks cache (vLLM ``allocate_slots``: ``min(num_computed
+        + num_new, num_tokens)``, ``num_tokens`` without drafts, so a verify caches only verified tokens;
+        under async scheduling without the tokens still in flight; less ``num_reprefillable_tokens``) and,
+        for those in ``lagging``, cache their newly full shareable blocks. Under async scheduling also
+        note what the previous step's output caches when vLLM processes it, after this scheduling (its
+        computed tokens as they are now, see :meth:`_kv_cached`). One loop for a whole step (hot path)."""
+        prompt, gen, computed, held_back = self.prompt_tokens, self.num_generated, self.num_computed, self.reprefill_tokens
+        kv_cached = self.kv_cached_tokens
+        asynchronous = self.async_scheduling
+        if asynchronous:
+            last_emit, emitted, output_tokens = self.last_emit_ps, self.emitted_tokens, self.kv_output_tokens
+        for r, n in items:
+            total = prompt[r] + gen[r]
+            cached = computed[r] + n
+            if asynchronous:
+                known = total - emitted[r] if gen[r] and last_emit[r] == t0 else total
+                out = (computed[r] if computed[r] < total else total) - held_back
+                output_tokens[r] = out if out > 0 else 0
+            else:
+                known = total
+            cached = (cached if cached < known else known) - held_back
+            kv_cached[r] = cached = cached if cached > 0 else 0
+            if lagging and r in lagging:
+                self.kv.cache(r, cached)
 
     def _cache_scheduled(self, g: int, sched: list) -> None:
         """Cache the newly full shareable blocks of the running requests scheduled in step ``g`` so far
         (vLLM ``cache_blocks`` in ``allocate_slots``), before waiting requests are looked up: ``sched``'s
-        chunks and the aggregated decoders, in vLLM's order (the decoders precede the chunks in the running
-        order), so that copies of one hash are cached in the same order as in step mode (a lookup takes
-        the first)."""
+        chunks (noted already) and the aggregated decoders, in vLLM's order (the decoders precede the
+        chunks in the running order), so that copies of one hash are cached in the same order as in step
+        mode (a lookup takes the first)."""
         lagging = self.kv.lagging
-        for r in [r for r in lagging if self.fing[r] >= 0]:
-            self.kv.cache(r, self._decoder_cached_tokens(r, g))
-        for r, n in sched:
+        finish_step, cached_tokens = self.finish_step, self.decoding.cached_tokens
+        for r in [r for r in lagging if finish_step[r] >= 0]:
+            self.kv.cache(r, cached_tokens(r, g))
+        for r, _ in sched:
             if r in lagging:
-                self.kv.cache(r, self._note_scheduled(r, n, self.now))
+                self.kv.cache(r, self.kv_cached_tokens[r])
 
-    def _use_eagle(self) -> bool:
-        """Whether hits drop their last block (vLLM ``use_eagle``: EAGLE-family drafters); plain: no."""
-        return False
-
-    # ------------------------------------------------------------------ the plain step (step mode)
+    # ------------------------------------------------------------------ the exact step (step mode)
     def _explicit_step(self) -> None:
         """One vLLM V1 engine step on per-request state."""
-        P, gen, nc, bs = self.P, self.gen, self.nc, self.bs
+        prompt, out_tokens, gen, computed, bs = (self.prompt_tokens, self.output_tokens, self.num_generated,
+                                                 self.num_computed, self.block_size)
+        lookahead = self.lookahead_slots
+        decode_ready = self.decode_ready
+        decoding = self.decoding
         running, waiting = self.running, self.waiting
+        ds = self.draft_slots
         t0 = self.now
-        nwait = len(waiting)
-        budget = self.M
-        free = self.free
-        sched: list[tuple[int, int]] = []
+        num_waiting = len(waiting)
+        k_step = self.k_next  # drafts proposed in the previous step
+        budget = self.max_num_batched_tokens
+        free = self.free_blocks
+        sched: list[tuple[int, int, int, int]] = []  # (request, tokens, drafts, acceptance draw)
         preempted = 0
         order = list(running)
         idx = 0
-        finishing = self.finishing
-        while idx < len(order) and budget > 0:
+        finishing, zombies, step = self.finishing, [], self.step_index
+        asynchronous = self.async_scheduling
+        while idx < len(order) and budget > ds:
             r = order[idx]
-            if r in finishing:  # async: finished in the previous step (plain decoding always knows it)
-                idx += 1
-                continue
-            n = P[r] + gen[r] - nc[r]
-            if n > budget:
-                n = budget
-            free, count, stop = self._make_room(order, r, -(-(nc[r] + n) // bs), free)
+            drafts = draw = 0
+            if r in finishing:  # async: it finished in the previous step
+                if finishing[r]:  # vLLM knew it would: skipped
+                    idx += 1
+                    continue
+                drafts = decoding.verify_width(k_step)  # scheduled once more; the output is discarded
+                n = min(1 + drafts, budget - ds)
+                drafts = n - 1
+                zombies.append(r)
+            elif decode_ready[r] and computed[r] == prompt[r] + gen[r] - 1:  # decoding: 1 + drafts tokens
+                draw = decoding.acceptance_draw(r)
+                drafts = decoding.drafts_for(r, k_step, draw)
+                n = 1 + drafts
+                if n > budget - ds:
+                    n = budget - ds
+                    drafts = n - 1
+            else:
+                n = prompt[r] + gen[r] - computed[r]
+                if n > budget - ds:
+                    n = budget - ds
+                if self.prefill_lookahead > 1:
+                    n = self._reserve_prefill_lookahead(prompt[r] + gen[r], computed[r], n)
+                    if not n:  # vLLM skips it (``continue``) and schedules the requests after it
+                        idx += 1
+                        continue
+            inflight = self.rejected_drafts[r] if asynchronous and self.rejected_at_step[r] == step - 1 else 0
+            free, count, stop = self._make_room(order, r, -(-(computed[r] + inflight + n + lookahead) // bs), free)
             preempted += count
             if stop:
                 break
-            sched.append((r, n))
-            budget -= n
+            sched.append((r, n, drafts, draw))
+            budget -= n + ds
             idx += 1
-        if self.kv.lagging:
-            self._cache_scheduled(self.G, sched)
+        if self.prefix_caching:
+            self._note_many([(r, n) for r, n, _, _ in sched], t0, self.kv.lagging)
         if not preempted:
-            budget, free = self._admit(t0, budget, free, len(running), sched)
-        self.free = free
+            admitted: list[tuple[int, int]] = []
+            budget, free = self._admit(t0, budget, free, len(running), admitted)
+            sched.extend((r, n, 0, 0) for r, n in admitted)
+        self.free_blocks = free
         if not sched:
             if self.finishing:  # vLLM's empty async step: the previous output is processed, then it schedules again
-                self._release_finishing()
+                self.release_finishing()
                 return
             self._stalled()
-        # Step time.
-        tokens = logits = kv = pairs = prefill = 0
-        for r, n in sched:
-            c = nc[r]
+        tokens = logits = kv = pairs = prefill = num_sampled = 0
+        for r, n, _, _ in sched:
+            c = computed[r]
             tokens += n
             kv += c + n
             pairs += n * c + n * (n + 1) // 2
-            if c + n == P[r] + gen[r]:
-                logits += 1
-            if not (n == 1 and gen[r] >= 1 and c == P[r] + gen[r] - 1):
+            if decode_ready[r] and c == prompt[r] + gen[r] - 1 or r in finishing:  # a decode / verify
+                logits += n
+                num_sampled += 1
+            else:
                 prefill += n
-        t1 = self._advance(self.st.step_subps(tokens, logits, kv, pairs, len(sched)))
-        d = t1 - t0
+                if c + n == prompt[r] + gen[r]:
+                    logits += 1
+                    num_sampled += 1
+        k_new = decoding.k_for_next_step(len(sched))
+        t1 = self._advance(self.step_time.step_subps(tokens, logits, kv, pairs, len(sched))
+                           + decoding.drafter_subps(tokens, num_sampled, k_new, kv))
+        duration = t1 - t0
         used = self.total_blocks - free
         if self.tracer is not None:
-            self.tracer.record(t0, ((r, n, 0) for r, n in sched), used, nwait, 0)
-        if self.finishing:
-            self._release_finishing()
+            self.tracer.record(t0, ((r, n, drafts) for r, n, drafts, _ in sched), used, num_waiting, k_new)
+        if finishing:
+            self.release_finishing()
         itl = 0
-        track = self.prefix_caching and self.async_sched  # the tokens each request's blocks cache
-        cached = self.kv_cached_tokens
-        for r, n in sched:
-            nc[r] += n
-            if track:
-                cached[r] = nc[r]
-            if nc[r] == P[r] + gen[r]:
-                if gen[r] >= 1 and self.last_emit[r] == t0:
+        last_emit = self.last_emit_ps
+        for r, n, drafts, draw in sched:
+            c = computed[r]
+            if zombies and r in zombies:
+                continue
+            if decode_ready[r] and c == prompt[r] + gen[r] - 1:
+                accepted = min(drafts, k_step, draw) if draw > 0 else 0
+                decoding.record_round(r, drafts, accepted)
+                self.rejected_drafts[r], self.rejected_at_step[r] = drafts - accepted, step
+                emitted = min(1 + accepted, out_tokens[r] - gen[r])
+                if last_emit[r] == t0:
                     itl += 1
-                    if track:  # its last token was in flight when this step was scheduled
-                        cached[r] -= 1
-                self._emit(r, t0, t1)
+                else:
+                    self.extra_itl.append(t1 - last_emit[r])
+                gen[r] += emitted
+                computed[r] = c + 1 + accepted
+                last_emit[r] = t1
+                self.emitted_tokens[r] = emitted
+                if gen[r] >= out_tokens[r]:
+                    self._finish(r, t1, sure=gen[r] - emitted + 1 >= out_tokens[r])
+            else:
+                computed[r] = c + n
+                if computed[r] == prompt[r] + gen[r]:
+                    if gen[r] >= 1 and last_emit[r] == t0:  # a recompute scheduled right after its last emission
+                        itl += 1
+                    if not self._emit(r, t0, t1):
+                        decoding.start_decode(r)
+        self.k_next = k_new
         self.now = t1
-        self.G += 1
-        self.rows.append((t0, 1, d, 0, d, len(sched), tokens, prefill, itl, used, nwait, preempted, 0))
+        self.step_index += 1
+        self.rows.append(StepRow(t0, 1, duration, 0, duration, len(sched), tokens, prefill, itl, used,
+                                 num_waiting, preempted, k_step))
+
+    def _advance(self, d_subps: int) -> int:
+        """The clock after a step of ``d_subps`` (2^-16 ps) from ``self.now``: returns its end (ps, floored)
+        and keeps the remainder below a picosecond in ``clock_subps`` (see :mod:`servesim.roofline`)."""
+        end = self.clock_subps + d_subps
+        self.clock_subps = end & SUBPS_MASK
+        return self.now + (end >> SUBPS_BITS)
 
     # ------------------------------------------------------------------ aggregated decoders (run mode)
-    def _join(self, r: int, g_next: int) -> None:
-        """Make running request ``r`` (all its known tokens computed but the last) an aggregated decoder."""
-        a = self.nc[r] + 1 - g_next
-        self.a[r] = a
-        self.g0[r] = g_next
-        self.e0[r] = self.gen[r]
-        m = a % self.bs
-        self.cnt[m] += 1
-        self.cnt2[m] += 1
-        self.cnt2[m + self.bs] += 1
-        self.A += a
-        self.B += 1
-        fin = g_next + self.O[r] - self.gen[r] - 1
-        self.fing[r] = fin
-        heapq.heappush(self.heap, (fin, r))
-
-    def _leave(self, r: int, g: int) -> int:
-        """Remove decoder ``r`` from the aggregate at step ``g``; write back its state; return its blocks."""
-        a = self.a[r]
-        m = a % self.bs
-        self.cnt[m] -= 1
-        self.cnt2[m] -= 1
-        self.cnt2[m + self.bs] -= 1
-        self.A -= a
-        self.B -= 1
-        self.fing[r] = -1  # its heap entry is now stale and skipped
-        c = a + g - 1
-        self.nc[r] = c
-        self.gen[r] = self.e0[r] + (g - self.g0[r])
-        blocks = -(-c // self.bs)
-        self.blk[r] = blocks
-        if self.prefix_caching and g > self.g0[r]:  # it was last scheduled in step g - 1, aggregated
-            if self.async_sched:
-                # the token in flight when step g - 1 was scheduled (see _decoder_cached_tokens)
-                self.kv_cached_tokens[r] = c - 1 if g - 1 > self.g0[r] or self.stale_joins.get(r) != g - 1 else c
-            if self.kv.lagging and r in self.kv.lagging:
-                self.kv.cache(r, self._kv_cached(r))
-        return blocks
-
     def _materialize(self) -> None:
-        """Write the aggregated decoders' state back to the per-request lists (at step ``self.G``)."""
-        g, now, stale, last = self.G, self.now, self.stale, self.last_emit
-        for r in self.running:
-            if r != self.partial and self.fing[r] >= 0:
-                self._leave(r, g)
-                last[r] = stale.get(r, now)
-        self.heap = []
+        """Write the aggregated decoders' state back to the per-request lists (at step ``step_index``)."""
+        g, now, stale, last = self.step_index, self.now, self.stale, self.last_emit_ps
+        finish_step, leave = self.finish_step, self.decoding.leave
+        for r in [r for r in self.running if finish_step[r] >= 0]:
+            leave(r, g)
+            last[r] = stale.get(r, now)
+        self.finish_heap = []
         self.stale = {}
         self.partial = None
 
     def _aggregate(self) -> None:
-        """Rebuild the aggregate from the per-request lists (after a plain step)."""
-        P, gen, nc, now, last = self.P, self.gen, self.nc, self.now, self.last_emit
+        """Rebuild the aggregate from the per-request lists (after an exact step)."""
+        prompt, gen, computed, now, last = self.prompt_tokens, self.num_generated, self.num_computed, self.now, self.last_emit_ps
+        decode_ready, join = self.decode_ready, self.decoding.join
+        self.decoding.begin_aggregate()
+        prefilling = 0
+        g = self.step_index
         for r in self.running:
             if r in self.finishing:
                 continue
-            if gen[r] >= 1 and nc[r] == P[r] + gen[r] - 1:
-                self._join(r, self.G)
+            if decode_ready[r] and computed[r] == prompt[r] + gen[r] - 1:
+                join(r, g)
                 if last[r] != now:
                     self.stale[r] = last[r]
                     if self.prefix_caching:
-                        self.stale_joins[r] = self.G
+                        self.stale_joins[r] = g
             else:
-                if self.partial is not None:  # pragma: no cover - guards the invariant below
-                    raise RuntimeError("engine invariant broken: two running requests are mid-prefill")
-                self.partial = r  # at most one, the last admitted (see the module docstring)
+                self.partial = r  # the last admitted (several only under MTP's chunk rule)
+                prefilling += 1
+        self.multi_partial = prefilling > 1
 
-    #: Longest stretch of steps (after a fallback) kept on per-request state before rebuilding the aggregate.
-    MAX_FALLBACK_STRETCH = 32
+    def add_finish(self, r: int, step: int) -> None:
+        """Aggregated decoder ``r`` emits its last token in step ``step``."""
+        self.finish_step[r] = step
+        heapq.heappush(self.finish_heap, (step, r))
 
-    def _fallback(self) -> None:
+    def fallback(self) -> None:
         """One exact step on materialised per-request state (the step mode's step), then back to the aggregate.
 
         Fallbacks that come in a row (async scheduling next to preemptions or prefill chunks, where the
@@ -661,248 +762,329 @@ class Engine:
         """
         self._materialize()
         self._explicit_step()
-        if self.G - self.aggregated_at_step <= 8:
+        if self.step_index - self.aggregated_at_step <= 8:
             self.fallback_stretch = min(2 * self.fallback_stretch + 1, self.MAX_FALLBACK_STRETCH)
         else:
             self.fallback_stretch = 0
         self.explicit_steps_left = self.fallback_stretch
         if not self.explicit_steps_left:
             self._aggregate()
-            self.aggregated_at_step = self.G
+            self.aggregated_at_step = self.step_index
 
-    def _next_finish(self) -> int:
+    def next_finish(self) -> int:
         """Step at which the first aggregated decoder emits its last token (skips stale heap entries)."""
-        heap, fing = self.heap, self.fing
-        while fing[heap[0][1]] != heap[0][0]:
+        heap, finish_step = self.finish_heap, self.finish_step
+        while True:
+            step, r = heap[0]
+            if finish_step[r] == step:
+                return step
             heapq.heappop(heap)
-        return heap[0][0]
-
-    def _decode_blocks(self, g: int, m: int) -> int:
-        """New KV blocks the aggregated decoders need over steps g .. g+m-1."""
-        bs = self.bs
-        full, rem = divmod(m, bs)
-        if not rem:
-            return full * self.B
-        # steps g .. g+rem-1 need cnt[(1-g) % bs], cnt[(-g) % bs], ...: one backwards cyclic window
-        top = (1 - g) % bs + bs
-        return full * self.B + sum(self.cnt2[top - rem + 1: top + 1])
-
-    def _max_decode_steps(self, g: int, free: int) -> int:
-        """Most consecutive decode steps from step g whose block allocations all fit in ``free`` blocks."""
-        B, bs, cnt = self.B, self.bs, self.cnt
-        full = free // B
-        left = free - full * B
-        j = 0
-        while j < bs:
-            need = cnt[(1 - g - j) % bs]
-            if need > left:
-                break
-            left -= need
-            j += 1
-        return full * bs + j
 
     def _fast_step(self) -> None:
-        """Advance by one step, or by a whole run of identical decode steps (run mode)."""
-        B = self.B
-        budget = self.M - B
+        """Advance by one step, or by a whole run of decode steps (run mode)."""
+        if self.multi_partial:
+            self.fallback()
+            return
+        g = self.step_index
+        decoding = self.decoding
+        decoding.before_step(g)
+        num_decoders = decoding.num_decoders
+        budget = self.max_num_batched_tokens - decoding.tokens_at(g) - num_decoders * self.draft_slots
         if budget < 0:  # the token budget cannot serve every decoder: per-request order matters
-            self._fallback()
+            self.fallback()
             return
-        g = self.G
-        bs = self.bs
-        nb = self.cnt[(1 - g) % bs] if B else 0
-        if self.finishing and (self.partial is not None or nb > self.free):
-            self._fallback()  # async: preemption victims or a prefill chunk next to finished requests
-            return
-        if self.partial is None and B and nb <= self.free and self._head_blocked(self.free - nb, budget):
-            self._decode_run(g, B)
-            return
-        self._mixed_step(g, budget, nb)
+        new_blocks = decoding.new_blocks_at(g)
+        zombies = None
+        if self.finishing:
+            zombies = None if self.partial is not None or new_blocks > self.free_blocks else self._zombies(budget, new_blocks)
+            if zombies is None:
+                self.fallback()  # async: preemption victims, a prefill chunk or a short budget next to finished requests
+                return
+        if not zombies and self.partial is None and num_decoders and new_blocks <= self.free_blocks:
+            blocked, head_tokens = self.head_blocked(self.free_blocks - new_blocks, budget)
+            if blocked:
+                decoding.run(g, head_tokens)
+                return
+        self._mixed_step(g, zombies)
 
-    def _head_blocked(self, free: int, budget: int) -> bool:
+    def head_blocked(self, free: int, budget: int) -> tuple[bool, int | None]:
         """Whether the head of the waiting queue cannot be admitted with ``free`` blocks left after the
-        decoders' allocations and ``budget`` tokens left (or nothing waits, or ``max_num_seqs`` run)."""
+        decoders' allocations and ``budget`` tokens left (or nothing waits, or ``max_num_seqs`` run).
+
+        Returns:
+            (blocked, head tokens): the head's tokens to compute when only the token budget keeps it out
+            (a budget that varies within a run of speculative steps may let it in later), else None.
+        """
         waiting = self.waiting
-        if not waiting or budget <= 0 or len(self.running) >= self.max_seqs:
-            return True
+        ds = self.draft_slots
+        if not waiting or len(self.running) >= self.max_num_seqs:
+            return True, None
+        if budget <= ds and not self.decoding.variable_width:
+            return True, None
         h = waiting[0]
-        total = self.P[h] + self.gen[h]
-        if not self.prefix_caching or (self.kv.shareable is None and h not in self.kv.own_runs):
-            return -(-total // self.bs) > free or (not self.chunked and total > budget)
-        if free < 0:
-            return True
-        if self.kv.lagging:
-            # running requests are still filling blocks the head might hit: no run (a run needs the head
-            # to stay blocked; without such blocks it does: free blocks and hits only shrink in a run)
-            return False
-        hit = self.kv.lookup(h, total, free)
-        return (-(-total // self.bs) + hit.num_evictable - hit.num_blocks > free
-                or (not self.chunked and total - hit.num_blocks * self.bs > budget))
+        total = self.prompt_tokens[h] + self.num_generated[h]
+        need = -(-total // self.block_size)
+        left = total
+        if self.prefix_caching and (self.kv.shareable is not None or h in self.kv.own_runs):
+            if self.kv.lagging:
+                # running requests are still filling blocks the head might hit: no run (a run needs the head
+                # to stay blocked; without such blocks it does: free blocks and hits only shrink in a run)
+                return False, None
+            if free < 0:
+                return True, None
+            hit = self.kv.lookup(h, total, free)
+            need += hit.num_evictable - hit.num_blocks
+            left = total - hit.num_blocks * self.block_size
+        if need > free:
+            return True, None
+        # the head takes its own drafting slots (draft models) out of what the decoders leave
+        return budget <= ds or (not self.enable_chunked_prefill and left > budget - ds), left
 
-    def _advance(self, d_subps: int) -> int:
-        """The clock after a step of ``d_subps`` (2^-16 ps) from ``self.now``: returns its end (ps, floored)
-        and keeps the remainder below a picosecond in ``clock_subps`` (see :mod:`servesim.roofline`)."""
-        end = self.clock_subps + d_subps
-        self.clock_subps = end & SUBPS_MASK
-        return self.now + (end >> SUBPS_BITS)
+    def _zombies(self, budget: int, new_blocks: int) -> dict | None:
+        """Async scheduling, run mode: the requests that finished in the previous step without vLLM knowing
+        they would, which it schedules once more (``1 + k`` tokens, output discarded): request -> (tokens,
+        drafts, new KV blocks). None when they do not all fit whole in the budget and the free blocks
+        (then the step needs vLLM's per-request order: an exact step)."""
+        out = {}
+        k_step, ds, bs, step = self.decoding.k, self.draft_slots, self.block_size, self.step_index
+        free = self.free_blocks - new_blocks
+        for r, sure in self.finishing.items():
+            if sure or r not in self.running:
+                continue
+            drafts = self.decoding.verify_width(k_step)
+            inflight = self.rejected_drafts[r] if self.rejected_at_step[r] == step - 1 else 0
+            need = max(-(-(self.num_computed[r] + inflight + 1 + drafts + self.lookahead_slots) // bs)
+                       - self.num_blocks[r], 0)
+            budget -= 1 + drafts + ds
+            free -= need
+            if budget < 0 or free < 0:
+                return None
+            out[r] = (1 + drafts, drafts, need)
+        return out
 
-    def _decode_run(self, g: int, B: int) -> None:
-        """A run of decode-only steps up to the next event, in O(1).
+    def finish_decoders(self, g_last: int, t1: int) -> None:
+        """The aggregated decoders whose last token is emitted in step ``g_last`` (ending at ``t1``) finish."""
+        heap, finish_step, decoding = self.finish_heap, self.finish_step, self.decoding
+        while heap and heap[0][0] == g_last:
+            _, r = heapq.heappop(heap)
+            if finish_step[r] != g_last:
+                continue  # stale entry of a preempted decoder
+            sure = decoding.finish_known(r)
+            decoding.leave(r, g_last + 1)
+            self.num_generated[r] = self.output_tokens[r]
+            self.last_emit_ps[r] = t1
+            self._finish(r, t1, sure)
 
-        Step ``j`` of the run lasts ``d0 + j * inc`` (2^-16 ps); the run ends ``(rem + n d0 + inc n(n-1)/2)
-        >> 16`` ps after ``t0``, ``rem`` the clock's sub-picosecond remainder at its start: one division,
-        the same integers as stepping."""
+    def _preempt_aggregated(self, g: int, new_blocks: int, need_partial: int, partial_scheduled: bool) -> tuple[int, bool]:
+        """vLLM's preemption when the step's allocations do not fit, on the aggregate.
+
+        Decoders allocate in admission order and the partial prefill (always last) after them; whenever an
+        allocation fails the LAST running request is preempted. So the victims are a suffix of the running
+        order: the partial prefill first (if the decoders alone do not fit, or it does not fit after them),
+        then decoders from the most recently admitted, until the remaining decoders' new blocks fit.
+
+        Returns:
+            (preempted count, partial still scheduled).
+        """
+        now = self.now
+        free = self.free_blocks
+        preempted = 0
+        p = self.partial
+        decoding = self.decoding
+        if p is not None and (new_blocks > free or (partial_scheduled and new_blocks + need_partial > free)):
+            if self.prefix_caching and new_blocks <= free:
+                self.kv.sync(free - new_blocks)  # the decoders allocated before the partial prefill failed to
+            self.partial = None
+            partial_scheduled = False
+            free += self._preempt(p)
+            preempted += 1
+        if new_blocks > free:
+            # Step mode frees each victim when the pool is empty, so every block free before it is taken
+            # first; freeing the victims before the decoders' allocations leaves the same queue.
+            for v in list(reversed(self.running)):
+                if v == p:
+                    continue
+                last = self.stale.pop(v, now)
+                new_blocks -= decoding.need_at(v, g)
+                decoding.leave(v, g)
+                self.last_emit_ps[v] = last
+                self.free_blocks = free
+                free += self._preempt(v)
+                preempted += 1
+                if new_blocks <= free:
+                    break
+        self.free_blocks = free
+        return preempted, partial_scheduled
+
+    def _mixed_step(self, g: int, zombies: dict | None = None) -> None:
+        """One step: aggregated decoders plus the partial prefill, admissions and (async) finished requests
+        scheduled once more (``zombies``, see :meth:`_zombies`), O(touched requests)."""
+        prompt, gen, computed, blocks, bs = self.prompt_tokens, self.num_generated, self.num_computed, self.num_blocks, self.block_size
+        lookahead = self.lookahead_slots
+        decoding = self.decoding
         t0 = self.now
-        rem = self.clock_subps
-        K = self.st.decode_subps_per_token
-        d0 = self.st.base_subps(B, B, B) + K * (self.A + B * g)
-        inc = K * B
-        n = self._next_finish() - g + 1  # up to the step where the first decoder finishes
-        released = 0
-        if self.stale:
-            n = 1
-        elif self.finishing:
-            # async: the requests that finished in the previous step leave once this run's first step is
-            # scheduled; the run goes on only if the waiting queue's head stays blocked without them
-            free_before = self.free
-            self._release_finishing()
-            released = self.free - free_before
-            nb0 = self._decode_blocks(g, 1)
-            if n > 1 and not self._head_blocked(self.free - nb0 - self._decode_blocks(g + 1, 1), self.M - B):
-                n = 1
-        if n > 1:
-            # every arrival ends the run, also behind a blocked queue: each row's waiting count is then
-            # the count of each of its steps (the queue is recorded at step level)
-            t_lim = self.arrivals.next_time()
-            if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
-                t_lim = self.max_time_ps
-            if t_lim is not None and rem + n * d0 + inc * (n * (n - 1) // 2) >= (t_lim - t0) << SUBPS_BITS:
-                n = self._steps_to_reach(((t_lim - t0) << SUBPS_BITS) - rem, d0, inc, n)
-            if n > 1 and (n // self.bs + 1) * B > self.free:
-                n = min(n, self._max_decode_steps(g, self.free))
-        nb = self._decode_blocks(g, n)
-        end = rem + n * d0 + inc * (n * (n - 1) // 2)
-        dur = end >> SUBPS_BITS
-        if dur > self.kv_safe_ps and n > 1 and (self.total_blocks - self.free + nb) * dur >= KV_BLOCK_PS_MAX:
-            span = KV_BLOCK_PS_MAX // (self.total_blocks - self.free + nb)
-            n = max(1, self._steps_to_reach((span << SUBPS_BITS) - rem, d0, inc, n) - 1)
-            nb = self._decode_blocks(g, n)
-            end = rem + n * d0 + inc * (n * (n - 1) // 2)
-            dur = end >> SUBPS_BITS
+        num_waiting = len(self.waiting)
+        k_step = decoding.k
+        p = self.partial
+        ds = self.draft_slots
+        zombie_tokens = sum(tokens + ds for tokens, _, _ in zombies.values()) if zombies else 0
+        budget = self.max_num_batched_tokens - decoding.tokens_at(g) - decoding.num_decoders * ds - zombie_tokens
+        n_partial = need_partial = 0
+        partial_scheduled = p is not None and budget > ds
+        if partial_scheduled:
+            n_partial = min(prompt[p] + gen[p] - computed[p], budget - ds)
+            if self.prefill_lookahead > 1:
+                n_partial = self._reserve_prefill_lookahead(prompt[p] + gen[p], computed[p], n_partial)
+                partial_scheduled = n_partial > 0
+            need_partial = max(-(-(computed[p] + n_partial + lookahead) // bs) - blocks[p], 0)
+        new_blocks = decoding.new_blocks_at(g)
+        preempted = 0
+        if new_blocks + (need_partial if partial_scheduled else 0) > self.free_blocks:
+            preempted, partial_scheduled = self._preempt_aggregated(g, new_blocks, need_partial, partial_scheduled)
+            new_blocks = decoding.new_blocks_at(g)
+        num_decoders = decoding.num_decoders
+        decode_tokens, ctx, pairs = decoding.sums_at(g)
+        free = self.free_blocks - new_blocks
+        sched: list[tuple[int, int]] = []
+        if partial_scheduled:
+            free -= need_partial
+            blocks[p] += need_partial
+            sched.append((p, n_partial))
+        budget = (self.max_num_batched_tokens - decode_tokens - num_decoders * ds - zombie_tokens
+                  - (n_partial + ds if partial_scheduled else 0))
+        if zombies:
+            for z, (q, _, need) in zombies.items():
+                free -= need
+                blocks[z] += need
+                c = computed[z]
+                decode_tokens += q
+                ctx += c + q
+                pairs += q * c + q * (q + 1) // 2
+        if self.prefix_caching:
+            chunks = [(z, entry[0]) for z, entry in zombies.items()] + sched if zombies else sched
+            self._note_many(chunks, t0)
+            if self.kv.lagging:
+                self._cache_scheduled(g, chunks)
+        if not preempted:
+            budget, free = self._admit(t0, budget, free, len(self.running), sched)
+        self.free_blocks = free
+        if not sched and not num_decoders and not zombies:
+            if self.finishing:
+                self.release_finishing()
+                return
+            self._stalled()
+        num_zombies = len(zombies) if zombies else 0
+        tokens, logits, kv, prefill, num_sampled = decode_tokens, decode_tokens, ctx, 0, num_decoders + num_zombies
+        decode_ready = self.decode_ready
+        for r, n in sched:
+            c = computed[r]
+            tokens += n
+            kv += c + n
+            pairs += n * c + n * (n + 1) // 2
+            if not (decode_ready[r] and c == prompt[r] + gen[r] - 1):  # as in _explicit_step: the last token
+                prefill += n  # of a recompute without speculation is the request's last sampled token, a decode
+            if c + n == prompt[r] + gen[r]:
+                logits += 1
+                num_sampled += 1
+        batch = num_decoders + len(sched) + num_zombies
+        k_new = decoding.k_for_next_step(batch)
+        t1 = self._advance(self.step_time.step_subps(tokens, logits, kv, pairs, batch)
+                           + decoding.drafter_subps(tokens, num_sampled, k_new, kv))
+        duration = t1 - t0
+        used = self.total_blocks - free
         if self.tracer is not None:
-            self._trace_run(g, n, [t0 + ((rem + j * d0 + inc * (j * (j - 1) // 2)) >> SUBPS_BITS) for j in range(n)],
-                            [self._decode_blocks(g, j + 1) + (released if j == 0 else 0) for j in range(n)], 0)
-        t1 = t0 + dur
-        self.clock_subps = end & SUBPS_MASK
-        first_end = rem + d0
-        d0_ps = first_end >> SUBPS_BITS
-        inc_ps = (inc + SUBPS_PER_PS // 2) >> SUBPS_BITS  # for display: the per-step durations are exact at output
-        self.free -= nb
-        used = self.total_blocks - self.free
-        itl = B - self._flush_stale(t0 + d0_ps)
+            self._trace_mixed(t0, g, sched, used, num_waiting, k_new, zombies)
+        if self.finishing:
+            self.release_finishing()
+        itl = num_decoders - self.flush_stale(t1)
         self.now = t1
-        self.G = g + n
-        nwait = len(self.waiting)
-        if released:  # the first step still held the finished requests' blocks: a row of its own
-            first_used = self.total_blocks - self.free - nb + self._decode_blocks(g, 1) + released
-            self.rows.append((t0, 1, d0_ps, 0, d0_ps, B, B, 0, itl, first_used, nwait, 0, 0))
-            if n > 1:
-                rem1 = first_end & SUBPS_MASK
-                d1_ps = (rem1 + d0 + inc) >> SUBPS_BITS
-                self.rows.append((t0 + d0_ps, n - 1, d1_ps, inc_ps, dur - d0_ps, B, B, 0, B, used, nwait, 0, 0))
-                self._record_run(g + 1, n - 1, rem1, d0 + inc, inc, nb - self._decode_blocks(g, 1))
-        else:
-            self.rows.append((t0, n, d0_ps, inc_ps, dur, B, B, 0, itl, used, nwait, 0, 0))
-            self._record_run(g, n, rem, d0, inc, nb)
-        if self.heap[0][0] == g + n - 1:
-            self._finish_decoders(g + n - 1, t1)
+        self.step_index = g + 1
+        self.finish_decoders(g, t1)
+        decoding.after_step(g + 1, k_new)
+        self.k_next = k_new
+        # requests still mid-prefill after this step: the partial if it got no chunk, and unfinished chunks
+        mids = [p] if p is not None and not partial_scheduled and p in self.running else []
+        last_emit = self.last_emit_ps
+        for r, n in sched:
+            computed[r] += n
+            if computed[r] == prompt[r] + gen[r]:
+                if gen[r] >= 1 and last_emit[r] == t0:
+                    itl += 1  # a recompute admitted right after its preemption (async's repeated schedule)
+                if not self._emit(r, t0, t1):
+                    decoding.start_decode(r)
+                    decoding.join(r, g + 1)
+            else:
+                mids.append(r)
+        self.partial = mids[-1] if mids else None
+        self.multi_partial = len(mids) > 1
+        self.rows.append(StepRow(t0, 1, duration, 0, duration, batch, tokens, prefill, itl, used, num_waiting,
+                                 preempted, k_step))
 
-    def _record_run(self, g: int, n: int, rem: int, d0: int, inc: int, new_blocks: int) -> None:
-        """Note the last row, a plain decode run of ``n`` steps from step ``g`` (first step ``d0``, then
-        ``+ inc`` per step, 2^-16 ps, from a clock remainder ``rem``) that allocated ``new_blocks`` blocks:
-        its steps' durations are rebuilt at output (:meth:`_step_ends`), and its KV integral corrected for
-        the blocks allocated after its first step (:meth:`_kv_block_ps`)."""
+    # ------------------------------------------------------------------ runs (called by the strategies)
+    def limit_time(self) -> int | None:
+        """The time (ps) at which a run must end: the next arrival (every arrival ends a run, also behind a
+        blocked queue, so that each row's waiting count holds for each of its steps) or ``max_time_s``."""
+        t_lim = self.arrivals.next_time()
+        if self.max_time_ps is not None and (t_lim is None or self.max_time_ps < t_lim):
+            t_lim = self.max_time_ps
+        return t_lim
+
+    def record_closed_form_run(self, g: int, n: int, remainder: int, first_subps: int, increment_subps: int,
+                               new_blocks: int, residue_window: list[int]) -> None:
+        """Note the last row, a plain decode run of ``n`` steps from step ``g`` (first step ``first_subps``,
+        then ``+ increment_subps`` per step, 2^-16 ps, from a clock remainder ``remainder``) that allocated
+        ``new_blocks`` blocks: its steps' durations are rebuilt at output (:meth:`_step_ends`), and its KV
+        integral corrected for the blocks allocated after its first step (:meth:`_kv_block_ps`), from
+        ``residue_window``, the blocks each of its first ``block_size`` steps allocates, last first."""
         if n > 1:
-            self.sub_runs += (len(self.rows) - 1, rem, d0, inc)
+            row = len(self.rows) - 1
+            self.closed_runs_row.append(row)
+            self.closed_runs_remainder.append(remainder)
+            self.closed_runs_first_subps.append(first_subps)
+            self.closed_runs_increment_subps.append(increment_subps)
             if new_blocks:
-                top = (1 - g) % self.bs + self.bs
-                self.kv_runs.append(len(self.rows) - 1)
-                self.kv_windows += self.cnt2[top - self.bs + 1: top + 1]
+                self.kv_runs.append(row)
+                self.kv_windows += residue_window
 
-    def _trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
+    def record_summed_run(self, ends) -> None:
+        """Note the last row's steps' ends after its start (ps; a list or int64 array of its steps), for a
+        run of more than one step summed step by step."""
+        if len(ends) > 1:
+            self.summed_runs_row.append(len(self.rows) - 1)
+            self.summed_runs_ends.append(ends)
+
+    def trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
         """Record the ``n`` steps of a run from step ``g`` (``starts``: their start times in ps;
         ``new_blocks``: blocks allocated from the run's start up to each step, inclusive)."""
-        order = [(r,) + self._trace_tokens(r, g) for r in self.running if self.fing[r] >= 0]
+        finish_step = self.finish_step
+        order = [(r,) + tuple(self.decoding.trace_tokens(r, g)) for r in self.running if finish_step[r] >= 0]
         waiting = len(self.waiting)
         for j in range(n):
             row = [(r, tokens[j] if isinstance(tokens, list) else tokens, drafts[j] if isinstance(drafts, list) else drafts)
                    for r, tokens, drafts in order]
-            self.tracer.record(starts[j], row, self.total_blocks - self.free + new_blocks[j],
+            self.tracer.record(starts[j], row, self.total_blocks - self.free_blocks + new_blocks[j],
                                waiting + self.arrivals.count_until(starts[j]), k)
-            order = [e for e in order if self.fing[e[0]] != g + j]
+            order = [(r, tokens, drafts) for r, tokens, drafts in order if finish_step[r] != g + j]
 
-    def _trace_tokens(self, r: int, g: int):
-        """(tokens, drafts) aggregated decoder ``r`` schedules from step ``g``: plain decoding, 1 and 0."""
-        return 1, 0
-
-    def _kv_block_ps(self, used: np.ndarray, duration: np.ndarray, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Each row's KV integral (blocks in use x step duration, summed over its steps; ps), int64 (R,).
-
-        ``used * duration`` (the rows' blocks in use at their end and durations, int64 (R,); ``steps``: their
-        numbers of steps, int64 (R,)), corrected for
-        runs: speculative runs logged their correction (``kv_late``); in a plain decode run the blocks that
-        step ``i`` allocates (``cnt[(1 - g - i) mod bs]``, periodic in ``i`` with period ``bs``, the window
-        saved with the run) were not in use before that step's start ``D_i`` (the end of step ``i - 1``,
-        ``ends``: every step's end after its row's start, ps, int64 (S,)): subtract ``sum_i nb_i D_i``.
-        Exact in int64: every term is at most the row's integral, < 2**62.
-        """
-        kv = used * duration
-        for row, late in self.kv_late:
-            kv[row] -= late
-        if not self.kv_runs:
-            return kv
-        bs = self.bs
-        runs = np.fromiter(self.kv_runs, dtype=np.int64, count=len(self.kv_runs))
-        windows = np.fromiter(self.kv_windows, dtype=np.int64, count=len(self.kv_windows)).reshape(-1, bs)
-        counts = windows[:, ::-1]  # column rho: the blocks each step i = rho (mod bs) of the run allocates
-        later = steps[runs] - 1  # each run's steps i >= 1 (every recorded run has two or more)
-        offsets = np.cumsum(later) - later
-        run = np.repeat(np.arange(runs.shape[0], dtype=np.int64), later)
-        i = np.arange(run.shape[0], dtype=np.int64) - offsets[run] + 1
-        first = np.cumsum(steps) - steps  # each row's first step in ``ends``
-        late = counts.ravel()[run * bs + i % bs] * ends[first[runs][run] + i - 1]
-        kv[runs] -= np.add.reduceat(late, offsets)
-        return kv
-
-    def _step_ends(self, cols: np.ndarray) -> np.ndarray:
-        """Every step's end after the start of its row (ps), int64 (S,), S = sum of the rows' steps.
-
-        ``cols``: the rows' columns (13, R). A single step ends its row's duration after its start; step
-        ``j`` of a plain decode run (``sub_runs``: clock remainder ``rem``, first duration ``d0``, increment
-        ``inc``, 2^-16 ps) ends ``(rem + m d0 + inc m(m-1)/2) >> 16`` ps after, ``m = j + 1``, evaluated as
-        whole and sub-picosecond parts of ``d0`` and ``inc`` so that nothing overflows int64.
-        """
-        steps, duration = cols[1], cols[4]
-        row = np.repeat(np.arange(steps.shape[0], dtype=np.int64), steps)
-        m = np.arange(1, row.shape[0] + 1, dtype=np.int64) - np.repeat(np.cumsum(steps) - steps, steps)
-        tri = m * (m - 1) // 2
-        runs = np.fromiter(self.sub_runs, dtype=np.int64, count=len(self.sub_runs)).reshape(-1, 4)
-        rem = np.zeros_like(duration)
-        rem[runs[:, 0]] = runs[:, 1]
-        if int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS:  # every row's end fits int64 in 2^-16 ps
-            d0 = duration << SUBPS_BITS  # a single step: m = 1, T = 0, no remainder
-            inc = np.zeros_like(duration)
-            d0[runs[:, 0]], inc[runs[:, 0]] = runs[:, 2], runs[:, 3]
-            return (rem[row] + m * d0[row] + tri * inc[row]) >> SUBPS_BITS
-        whole_d0 = duration.copy()
-        part_d0, whole_inc, part_inc = np.zeros_like(duration), np.zeros_like(duration), np.zeros_like(duration)
-        whole_d0[runs[:, 0]], part_d0[runs[:, 0]] = runs[:, 2] >> SUBPS_BITS, runs[:, 2] & SUBPS_MASK
-        whole_inc[runs[:, 0]], part_inc[runs[:, 0]] = runs[:, 3] >> SUBPS_BITS, runs[:, 3] & SUBPS_MASK
-        return (m * whole_d0[row] + tri * whole_inc[row]
-                + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
+    def _trace_mixed(self, t0: int, g: int, sched: list, used: int, num_waiting: int, k: int, extra=None) -> None:
+        """Record a run-mode step: aggregated decoders, ``sched`` (prefills, admissions) and ``extra``
+        (request -> (tokens, drafts, ...): finished requests scheduled once more) in running order."""
+        chunks = dict(sched)
+        row = []
+        for r in self.running:
+            if r in chunks:
+                row.append((r, chunks[r], 0))
+            elif extra and r in extra:
+                tokens, drafts, _ = extra[r]
+                row.append((r, tokens, drafts))
+            elif self.finish_step[r] >= 0:
+                tokens, drafts = self.decoding.trace_tokens(r, g)
+                row.append((r, tokens[0] if isinstance(tokens, list) else tokens,
+                            drafts[0] if isinstance(drafts, list) else drafts))
+        self.tracer.record(t0, row, used, num_waiting, k)
 
     @staticmethod
-    def _steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
+    def steps_to_reach(span: int, d0: int, inc: int, n_max: int) -> int:
         """Smallest m in [1, n_max] with m*d0 + inc*m(m-1)/2 >= span (span > 0)."""
         if inc == 0:
             m = -(-span // d0)
@@ -916,159 +1098,77 @@ class Engine:
                 m += 1
         return max(1, min(m, n_max))
 
-    def _finish_decoders(self, g_last: int, t1: int) -> None:
-        heap, fing = self.heap, self.fing
-        while heap and heap[0][0] == g_last:
-            _, r = heapq.heappop(heap)
-            if fing[r] != g_last:
-                continue  # stale entry of a preempted decoder
-            self._leave(r, g_last + 1)
-            self.gen[r] = self.O[r]
-            self.last_emit[r] = t1
-            self._finish(r, t1)
-
-    def _need_at(self, r: int, g: int) -> int:
-        """New KV blocks aggregated decoder ``r`` allocates at step ``g`` (1 when its context crosses a
-        block boundary)."""
-        return 1 if self.a[r] % self.bs == (1 - g) % self.bs else 0
-
-    def _preempt_aggregated(self, g: int, nb: int, need_p: int, p_scheduled: bool) -> tuple[int, int, bool]:
-        """vLLM's preemption when the step's allocations do not fit, on the aggregate.
-
-        Decoders allocate in admission order and the partial prefill (always last) after them; whenever an
-        allocation fails the LAST running request is preempted. So the victims are a suffix of the running
-        order: the partial prefill first (if the decoders alone do not fit, or it does not fit after them),
-        then decoders from the most recently admitted, until the remaining decoders' new blocks fit.
-
-        Returns:
-            (preempted count, new blocks still needed by the remaining decoders, partial still scheduled).
-        """
-        now = self.now
-        free = self.free
-        preempted = 0
-        p = self.partial
-        if p is not None and (nb > free or (p_scheduled and nb + need_p > free)):
-            if self.prefix_caching and nb <= free:
-                self.kv.sync(free - nb)  # the decoders allocated before the partial prefill failed to
-            self.partial = None
-            p_scheduled = False
-            free += self._preempt(p)
-            preempted += 1
-        if nb > free:
-            # Step mode frees each victim when the pool is empty, so every block free before it is taken
-            # first; freeing the victims before the decoders' allocations leaves the same queue.
-            for v in list(reversed(self.running)):
-                if v == p:
-                    continue
-                last = self.stale.pop(v, now)
-                nb -= self._need_at(v, g)
-                self._leave(v, g)
-                self.last_emit[v] = last
-                self.free = free
-                free += self._preempt(v)
-                preempted += 1
-                if nb <= free:
-                    break
-        self.free = free
-        return preempted, nb, p_scheduled
-
-    def _mixed_step(self, g: int, budget: int, nb: int) -> None:
-        """One step: aggregated decoders plus the partial prefill and admissions, O(touched requests)."""
-        P, gen, nc, blk, bs = self.P, self.gen, self.nc, self.blk, self.bs
-        t0 = self.now
-        nwait = len(self.waiting)
-        sched: list[tuple[int, int]] = []
-        p = self.partial
-        n_p = need_p = 0
-        p_scheduled = p is not None and budget > 0
-        if p_scheduled:
-            n_p = P[p] + gen[p] - nc[p]
-            if n_p > budget:
-                n_p = budget
-            need_p = -(-(nc[p] + n_p) // bs) - blk[p]
-        preempted = 0
-        if nb + (need_p if p_scheduled else 0) > self.free:
-            preempted, nb, p_scheduled = self._preempt_aggregated(g, nb, need_p, p_scheduled)
-        free = self.free - nb
-        B = self.B
-        if p_scheduled:
-            free -= need_p
-            blk[p] += need_p
-            sched.append((p, n_p))
-            budget = self.M - B - n_p
-        else:
-            budget = self.M - B
-        if self.kv.lagging:
-            self._cache_scheduled(g, sched)
-        if not preempted:
-            budget, free = self._admit(t0, budget, free, len(self.running), sched)
-        self.free = free
-        if not sched and not B:
-            if self.finishing:
-                self._release_finishing()
-                return
-            self._stalled()
-        ctx = self.A + B * g
-        tokens, logits, kv, pairs, prefill = B, B, ctx, ctx, 0
-        for r, n in sched:
-            c = nc[r]
-            tokens += n
-            kv += c + n
-            pairs += n * c + n * (n + 1) // 2
-            if not (n == 1 and gen[r] >= 1 and c == P[r] + gen[r] - 1):  # as in _explicit_step: the last
-                prefill += n  # token of a recompute is the request's last sampled token, a decode token
-            if c + n == P[r] + gen[r]:
-                logits += 1
-        t1 = self._advance(self.st.step_subps(tokens, logits, kv, pairs, B + len(sched)))
-        d = t1 - t0
-        used = self.total_blocks - free
-        if self.tracer is not None:
-            self._trace_mixed(t0, g, sched, used, nwait, 0)
-        if self.finishing:
-            self._release_finishing()
-        itl = B - self._flush_stale(t1)
-        self.now = t1
-        self.G = g + 1
-        self._finish_decoders(g, t1)
-        # a partial prefill that got no budget this step (the decoders took it all) stays the partial
-        self.partial = p if p is not None and not p_scheduled and p in self.running else None
-        track = self.prefix_caching and self.async_sched  # the tokens each request's blocks cache
-        cached = self.kv_cached_tokens
-        for r, n in sched:
-            nc[r] += n
-            if track:
-                cached[r] = nc[r]
-            if nc[r] == P[r] + gen[r]:
-                if gen[r] >= 1 and self.last_emit[r] == t0:
-                    itl += 1  # a recompute admitted right after its preemption (async's repeated schedule)
-                    if track:
-                        cached[r] -= 1
-                if not self._emit(r, t0, t1):
-                    self._join(r, g + 1)
-            else:
-                self.partial = r
-        self.rows.append((t0, 1, d, 0, d, B + len(sched), tokens, prefill, itl, used, nwait, preempted, 0))
-
-    def _trace_mixed(self, t0: int, g: int, sched: list, used: int, nwait: int, k: int, extra=None) -> None:
-        """Record a run-mode step: aggregated decoders, ``sched`` (prefills, admissions) and ``extra``
-        (request -> (tokens, drafts, ...): finished requests scheduled once more) in running order."""
-        chunks = {r: n for r, n in sched}
-        row = []
-        for r in self.running:
-            if r in chunks:
-                row.append((r, chunks[r], 0))
-            elif extra and r in extra:
-                row.append((r, extra[r][0], extra[r][1]))
-            elif self.fing[r] >= 0:
-                tokens, drafts = self._trace_tokens(r, g)
-                row.append((r, tokens[0] if isinstance(tokens, list) else tokens,
-                            drafts[0] if isinstance(drafts, list) else drafts))
-        self.tracer.record(t0, row, used, nwait, k)
-
     # ------------------------------------------------------------------ results
+    def _kv_block_ps(self, used: np.ndarray, duration: np.ndarray, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
+        """Each row's KV integral (blocks in use x step duration, summed over its steps; ps), int64 (R,).
+
+        ``used * duration`` (the rows' blocks in use at their end and durations, int64 (R,); ``steps``: their
+        numbers of steps, int64 (R,)), corrected for
+        runs: runs summed step by step logged their correction (``kv_late``); in a closed-form decode run
+        the blocks that step ``i`` allocates (``per_residue[(1 - g - i) mod bs]``, periodic in ``i`` with
+        period ``bs``, the window saved with the run) were not in use before that step's start ``D_i`` (the
+        end of step ``i - 1``, ``ends``: every step's end after its row's start, ps, int64 (S,)): subtract
+        ``sum_i nb_i D_i``. Exact in int64: every term is at most the row's integral, < 2**62.
+        """
+        kv = used * duration
+        for row, late in self.kv_late:
+            kv[row] -= late
+        if not self.kv_runs:
+            return kv
+        bs = self.block_size
+        runs = np.fromiter(self.kv_runs, dtype=np.int64, count=len(self.kv_runs))
+        windows = np.fromiter(self.kv_windows, dtype=np.int64, count=len(self.kv_windows)).reshape(-1, bs)
+        counts = windows[:, ::-1]  # column rho: the blocks each step i = rho (mod bs) of the run allocates
+        later = steps[runs] - 1  # each run's steps i >= 1 (every recorded run has two or more)
+        offsets = np.cumsum(later) - later
+        run = np.repeat(np.arange(runs.shape[0], dtype=np.int64), later)
+        i = np.arange(run.shape[0], dtype=np.int64) - offsets[run] + 1
+        first = np.cumsum(steps) - steps  # each row's first step in ``ends``
+        late = counts.ravel()[run * bs + i % bs] * ends[first[runs][run] + i - 1]
+        kv[runs] -= np.add.reduceat(late, offsets)
+        return kv
+
+    def _step_ends(self, steps: np.ndarray, duration: np.ndarray) -> np.ndarray:
+        """Every step's end after the start of its row (ps), int64 (S,), S = sum of the rows' steps.
+
+        ``steps``, ``duration``: the rows' numbers of steps and durations (ps), int64 (R,). A single step
+        ends its row's duration after its start; step ``j`` of a closed-form decode run (clock remainder
+        ``rem``, first duration ``d0``, increment ``inc``, 2^-16 ps) ends ``(rem + m d0 + inc m(m-1)/2) >>
+        16`` ps after, ``m = j + 1``, evaluated as whole and sub-picosecond parts of ``d0`` and ``inc`` so
+        that nothing overflows int64; the steps of a run summed step by step end where it recorded.
+        """
+        row = np.repeat(np.arange(steps.shape[0], dtype=np.int64), steps)
+        first = np.cumsum(steps) - steps
+        m = np.arange(1, row.shape[0] + 1, dtype=np.int64) - np.repeat(first, steps)
+        tri = m * (m - 1) // 2
+        runs = np.asarray(self.closed_runs_row, dtype=np.int64)
+        rem = np.zeros_like(duration)
+        rem[runs] = self.closed_runs_remainder
+        first_subps = np.asarray(self.closed_runs_first_subps, dtype=np.int64)
+        increment_subps = np.asarray(self.closed_runs_increment_subps, dtype=np.int64)
+        if int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS:  # every row's end fits int64 in 2^-16 ps
+            d0 = duration << SUBPS_BITS  # a single step: m = 1, T = 0, no remainder
+            inc = np.zeros_like(duration)
+            d0[runs], inc[runs] = first_subps, increment_subps
+            ends = (rem[row] + m * d0[row] + tri * inc[row]) >> SUBPS_BITS
+        else:
+            whole_d0 = duration.copy()
+            part_d0, whole_inc, part_inc = np.zeros_like(duration), np.zeros_like(duration), np.zeros_like(duration)
+            whole_d0[runs], part_d0[runs] = first_subps >> SUBPS_BITS, first_subps & SUBPS_MASK
+            whole_inc[runs], part_inc[runs] = increment_subps >> SUBPS_BITS, increment_subps & SUBPS_MASK
+            ends = (m * whole_d0[row] + tri * whole_inc[row]
+                    + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
+        if self.summed_runs_row:
+            summed = np.asarray(self.summed_runs_row, dtype=np.int64)
+            lengths = steps[summed]
+            positions = (np.repeat(first[summed] - (np.cumsum(lengths) - lengths), lengths)
+                         + np.arange(int(lengths.sum()), dtype=np.int64))
+            ends[positions] = np.concatenate([np.asarray(e, dtype=np.int64) for e in self.summed_runs_ends])
+        return ends
+
     def output(self) -> EngineOutput:
         """The engine's records as arrays in seconds (call after the SimPy run)."""
-        if self.mode == "run" and (self.B or self.partial is not None):
+        if self.mode == "run" and (self.decoding.num_decoders or self.partial is not None):
             self._materialize()
         s = float(PS_PER_S)
 
@@ -1078,43 +1178,42 @@ class Engine:
             out[arr < 0] = np.nan
             return out
 
-        n = self.n
         requests = RequestLog(
-            request_id=np.arange(n, dtype=np.int64),
-            arrival_s=secs(self.arr),
-            prompt_tokens=np.asarray(self.P, dtype=np.int64),
-            output_tokens=np.asarray(self.O, dtype=np.int64),
-            generated_tokens=np.asarray(self.gen, dtype=np.int64),
-            first_scheduled_s=secs(self.first_sched),
-            first_token_s=secs(self.first_tok),
-            finish_s=secs(self.fin),
-            preemptions=np.asarray(self.npre, dtype=np.int64),
+            request_id=np.arange(self.num_requests, dtype=np.int64),
+            arrival_s=secs(self.arrival_ps),
+            prompt_tokens=np.asarray(self.prompt_tokens, dtype=np.int64),
+            output_tokens=np.asarray(self.output_tokens, dtype=np.int64),
+            generated_tokens=np.asarray(self.num_generated, dtype=np.int64),
+            first_scheduled_s=secs(self.first_scheduled_ps),
+            first_token_s=secs(self.first_token_ps),
+            finish_s=secs(self.finish_ps),
+            preemptions=np.asarray(self.num_preemptions, dtype=np.int64),
             num_cached_tokens=np.maximum(np.asarray(self.num_cached_tokens, dtype=np.int64), 0),
         )
-
-        rows = np.fromiter(chain.from_iterable(self.rows), dtype=np.int64, count=13 * len(self.rows)).reshape(-1, 13)
-        cols = rows.T
-        ends = self._step_ends(cols)
+        width = len(StepRow._fields)
+        flat = np.fromiter(chain.from_iterable(self.rows), dtype=np.int64, count=width * len(self.rows))
+        col = dict(zip(StepRow._fields, flat.reshape(-1, width).T))
+        ends = self._step_ends(col["num_steps"], col["duration_ps"])
         # each step's duration: its end less the previous step's end within its row (a row starts at 0)
         previous = np.zeros_like(ends)
         previous[1:] = ends[:-1]
-        previous[np.cumsum(cols[1]) - cols[1]] = 0
+        previous[np.cumsum(col["num_steps"]) - col["num_steps"]] = 0
         steps = StepLog(
-            start_s=cols[0] / s,
-            num_steps=cols[1].copy(),
-            first_step_s=cols[2] / s,
-            step_increment_s=cols[3] / s,
-            duration_s=cols[4] / s,
-            batch_size=cols[5].copy(),
-            num_tokens=cols[6].copy(),
-            num_prefill_tokens=cols[7].copy(),
-            itl_samples=cols[8].copy(),
-            kv_blocks_used=cols[9].copy(),
-            num_waiting=cols[10].copy(),
-            num_preempted=cols[11].copy(),
-            k=cols[12].copy(),
-            start_ps=cols[0].copy(),
-            kv_block_ps=self._kv_block_ps(cols[9], cols[4], cols[1], ends),
+            start_s=col["start_ps"] / s,
+            num_steps=col["num_steps"].copy(),
+            first_step_s=col["first_step_ps"] / s,
+            step_increment_s=col["step_increment_ps"] / s,
+            duration_s=col["duration_ps"] / s,
+            batch_size=col["batch_size"].copy(),
+            num_tokens=col["num_tokens"].copy(),
+            num_prefill_tokens=col["num_prefill_tokens"].copy(),
+            itl_samples=col["itl_samples"].copy(),
+            kv_blocks_used=col["kv_blocks_used"].copy(),
+            num_waiting=col["num_waiting"].copy(),
+            num_preempted=col["num_preempted"].copy(),
+            k=col["k"].copy(),
+            start_ps=col["start_ps"].copy(),
+            kv_block_ps=self._kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends),
             durations_s=(ends - previous) / s,
         )
         return EngineOutput(
@@ -1122,7 +1221,8 @@ class Engine:
             steps=steps,
             extra_itl_s=np.asarray(self.extra_itl, dtype=np.int64) / s,
             kv_blocks_total=self.total_blocks,
-            block_size=self.bs,
+            block_size=self.block_size,
             end_s=self.now / s,
+            spec_counters=self.decoding.counters(),
             prefix_cache=dataclasses.asdict(self.prefix_cache_stats) if self.prefix_caching else {},
         )

@@ -1,0 +1,799 @@
+"""Speculative decoding in the engine (vLLM 0.32's v1 scheduler, checked against it on golden traces;
+see ``docs/reference/vllm-semantics.md``).
+
+In every step, each decoding request schedules ``1 + k`` tokens: its last sampled token and the ``k``
+drafts the drafter proposed in the previous step (a draft tree schedules all its nodes: the verify width
+grows with the branching while at most ``k`` = depth drafts can be accepted), fewer when the token budget
+is short, none in an n-gram round without a match. The target verifies them in the same forward pass; the request accepts a
+prefix of ``a`` drafts and samples one more token, so it emits ``1 + a`` tokens and its computed tokens
+advance by ``1 + a`` (rejected drafts roll back ``num_computed_tokens`` but keep their KV blocks). KV slots
+are allocated for ``num_computed + scheduled + lookahead`` tokens, with ``lookahead = K`` (the static
+``num_speculative_tokens``) for the EAGLE family, MTP and draft models, also when a batch-size schedule
+sets ``k = 0`` (vLLM issue 49548), and 0 for n-gram and Medusa. A draft model takes one more slot of the
+token budget per scheduled request (``max_num_new_slots_for_drafting``); with several MTP layers a
+prefill chunk never ends within K tokens of the prompt's end (``num_prefill_lookahead_tokens``). With
+async scheduling the next step is scheduled before this step's drafts are verified, so its KV allocation
+counts them all as accepted (``num_computed + rejected + scheduled + lookahead``), and a request that
+finished without vLLM knowing it would is scheduled once more (its output is discarded). The drafter then runs in the same step (cost model in
+:mod:`servesim.speculation.costs`). ``k`` for the next step's drafts is chosen from this step's batch size
+(``num_speculative_tokens_per_batch_size``); V0's ``disable_by_batch_size`` turns speculation off when
+running requests >= the threshold: that step drafts nothing, so the next step verifies no drafts.
+
+Prefix caching (vLLM 0.32 keeps it on with every method; the block manager of
+:mod:`servesim.engine.block_manager`): a scheduled request caches its blocks up to ``min(num_computed +
+scheduled, num_tokens)`` tokens, ``num_tokens`` without drafts, so a verify step caches the tokens known
+when it is scheduled and accepted drafts are cached at the next scheduling (:meth:`Engine._note_scheduled <servesim.engine.core.Engine._note_scheduled>`;
+an aggregated decoder's round ``i`` caches ``ncb_i + 1``, :meth:`SpeculativeDecoding.round_cached`); multi-layer MTP
+holds back its last ``K - 1`` tokens (``num_reprefillable_tokens``); EAGLE, EAGLE-3 and MTP hits drop their
+last block (``use_eagle``). Under async scheduling the tokens in flight are not known yet, and vLLM caches
+again when it processes an output (``AsyncScheduler._update_request_with_output``: computed tokens less
+those in flight), which shows when a finished request's blocks are freed. Run mode stays exact for the
+reasons :mod:`servesim.engine.core` gives: a run needs the waiting head blocked through it, and it is:
+no block is freed within a run, its whole-sequence check ``blocks(num_tokens) + evictable hits - hits >
+free`` only tightens as free blocks fall and evictions shorten the hit, and while running requests still
+fill blocks the head might hit there is no run.
+
+Acceptance. Request ``r``'s ``j``-th verification round uses the ``j``-th uniform of its own slice of one
+pre-drawn stream, ``u = U[offset_r + j]``, and accepts ``min(k, A_r(u))`` drafts where ``A_r(u) = #{i :
+u < p_i}`` over the (per-request, per-context) unconditional rates ``p_i`` (see
+:mod:`servesim.speculation.profile`); so step mode and run mode, which visit rounds in different orders,
+draw identical values. The table ``A_r`` is built when the request starts (or restarts, after a
+preemption) its decode phase; with context decay, round ``i`` of that phase uses the context
+``ctx0 + i * AL(K)`` (its context at the start of the phase plus the mean tokens per round), a
+deterministic approximation of the true, random context.
+
+Counters follow ``vllm/v1/spec_decode/metrics.py``: per request per step with at least one draft,
+``num_drafts += 1``, ``num_draft_tokens += drafts``, ``num_accepted_tokens += accepted``,
+``num_accepted_tokens_per_pos[i] += 1`` if the first ``i + 1`` drafts were accepted.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, StepRow
+from servesim.roofline import SUBPS_BITS, SUBPS_MASK
+from servesim.speculation.costs import DrafterCost
+from servesim.speculation.schedule import KSchedule
+
+
+@dataclass
+class SpecSetup:
+    """What the engine needs to speculate.
+
+    Attributes:
+        schedule: k per batch size (vLLM's table, or the static K).
+        lookahead: KV slots reserved per request beyond its scheduled tokens.
+        disable_by_batch_size: V0 threshold on running requests, or None.
+        drafts_may_be_empty: the proposer may find no match (n-gram).
+        drafter: the drafting cost model.
+        profile: the acceptance profile (:class:`~servesim.speculation.profile.AcceptanceProfile`).
+        uniforms: float64 (sum of output tokens,), one uniform per possible round per request (request
+            r's rounds start at the sum of the output tokens of requests before it); None when
+            ``accept_table`` is given.
+        factors: float64 (N,) per-request acceptance factors, or None (no heterogeneity).
+        accept_table: int32 (same shape as uniforms), ``A(u)`` of every uniform (-1 = empty n-gram
+            draft), precomputed when acceptance depends on neither the request nor its context.
+        tree_nodes: draft tokens per round of a draft tree (its nodes below the root; the tree's depth is
+            K), or None for a chain.
+        draft_budget_limit: llama.cpp's rule, a round drafts at most the request's remaining output
+            tokens minus one.
+        draft_slots: token-budget slots each scheduled request takes for drafting (vLLM's
+            ``max_num_new_slots_for_drafting``: 1 for draft models, 0 otherwise).
+        prefill_lookahead: vLLM's ``num_prefill_lookahead_tokens``; above 1 (MTP with several layers) a
+            prefill chunk never ends within that many tokens of the prompt's end.
+    """
+
+    schedule: KSchedule
+    lookahead: int
+    disable_by_batch_size: int | None
+    drafts_may_be_empty: bool
+    drafter: DrafterCost
+    profile: object
+    uniforms: np.ndarray | None
+    factors: np.ndarray | None
+    accept_table: np.ndarray | None = None
+    tree_nodes: int | None = None
+    draft_budget_limit: bool = False
+    draft_slots: int = 0
+    prefill_lookahead: int = 0
+
+
+@dataclass(slots=True)
+class DecoderTimeline:
+    """An aggregated decoder's rounds from the step it joined the aggregate at (run mode).
+
+    Attributes:
+        start_step: the step of its first round here.
+        num_rounds: rounds until it emits its last token (J).
+        computed_before: int64 (J,), its computed tokens before each round (``ncb``).
+        blocks_held: int64 (J,), the KV blocks it holds after each round's allocation.
+        accepted: int64 (J,), drafts accepted in each round; None with k = 0.
+        generated_at_start: its generated tokens before the first round.
+        blocks_at_start: its KV blocks before the first round.
+        round_at_start: its verification rounds before the first round (its acceptance draws' index).
+        new_blocks: int64 (J,), KV blocks allocated in each round.
+        scheduled: tokens scheduled in each round (1 + drafts): int64 (J,) when the width varies, else an int.
+        k: drafts per round.
+    """
+
+    start_step: int
+    num_rounds: int
+    computed_before: np.ndarray
+    blocks_held: np.ndarray
+    accepted: np.ndarray | None
+    generated_at_start: int
+    blocks_at_start: int
+    round_at_start: int
+    new_blocks: np.ndarray
+    scheduled: np.ndarray | int
+    k: int
+
+
+SHORT_RUN = 24
+"""Runs of at most this many decode steps are summed in plain Python (numpy's per-call cost dominates)."""
+
+SUBPS_SUM_MAX = 2**62
+"""Bound on a vector run's summed step durations (2^-16 ps, about 70 s): int64 with room for the remainder."""
+
+
+def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
+    """``array`` (int64) zero-extended to ``capacity`` elements."""
+    out = np.zeros(capacity, dtype=np.int64)
+    out[: array.shape[0]] = array
+    return out
+
+
+class SpeculativeDecoding:
+    """Speculative decoding as the engine's decoding strategy (see the module docstring).
+
+    Args:
+        engine: the :class:`~servesim.engine.core.Engine` whose decoders this keeps.
+        spec: what to speculate with.
+
+    Raises:
+        ValueError: a request's largest one-step KV need exceeds the whole cache (:meth:`check_peak_fits`).
+    """
+
+    speculative = True
+
+    def __init__(self, engine, spec: SpecSetup) -> None:
+        self.engine = engine
+        self.spec = spec
+        num_requests = engine.num_requests
+        self.num_speculative_tokens = K = spec.schedule.K
+        # draft tokens scheduled per request for k speculative positions: k for a chain, the tree's nodes
+        # (below the root) for a draft tree of depth K
+        self.verify_widths = list(range(K + 1))
+        if spec.tree_nodes is not None:
+            self.verify_widths[K] = spec.tree_nodes
+        self.lookahead_slots = int(spec.lookahead)
+        self.draft_slots = int(spec.draft_slots)
+        self.prefill_lookahead = int(spec.prefill_lookahead)
+        # vLLM's use_eagle (EAGLE, EAGLE-3, MTP: prefix-cache hits drop their last block): exactly the
+        # methods with a num_prefill_lookahead_tokens of 1 or more; n-gram, Medusa and draft models keep it
+        self.use_eagle = self.prefill_lookahead >= 1
+        self.initial_k = K if spec.schedule.entries is None else spec.schedule.k_for(1)
+        self.k = self.initial_k  # drafts per round of the aggregated decoders
+        output_tokens = engine.output_tokens
+        # request r's acceptance draws start at the sum of the output tokens of the requests before it
+        self.round_offset = (np.concatenate(([0], np.cumsum(np.asarray(output_tokens, dtype=np.int64))[:-1])).tolist()
+                             if num_requests else [])
+        self.rounds_done = [0] * num_requests  # verification rounds each request has run
+        self.acceptance_tables: list = [None] * num_requests  # per request: (first round, int array of A values)
+        self.known_at_join = [0] * num_requests  # async + prefix caching: tokens known when a decoder's first round is scheduled
+        self.num_drafts = 0
+        self.num_draft_tokens = 0
+        self.num_accepted_tokens = 0
+        self.accepted_per_pos = [0] * K
+        self.mean_acceptance_length = float(spec.profile.mean_acceptance_length(K))
+        self.fixed_rates = np.cumprod(spec.profile.conditional_rates(K))[None, :]
+        self.draft_budget_limit = bool(spec.draft_budget_limit)
+        # the verify width varies from round to round (empty n-gram drafts, llama.cpp's draft budget)
+        self.variable_width = bool(spec.drafts_may_be_empty) or self.draft_budget_limit
+        # run mode: per absolute step, sums over the aggregated decoders' timelines (see join): computed
+        # tokens before the round, new KV blocks and, when the width varies, scheduled tokens q, q x computed
+        # and q (q + 1) / 2
+        self.capacity = 0
+        self.step_computed = np.zeros(0, dtype=np.int64)
+        self.step_new_blocks = np.zeros(0, dtype=np.int64)
+        self.step_tokens = np.zeros(0, dtype=np.int64)
+        self.step_token_context = np.zeros(0, dtype=np.int64)
+        self.step_token_pairs = np.zeros(0, dtype=np.int64)
+        self._ensure(1024)
+        self.num_decoders = 0
+        self.timelines: dict[int, DecoderTimeline] = {}
+        self.segments: list[tuple] = []  # (accepted per round, tokens per round or None, k) of finished timelines
+        self.base_by_tokens = np.full(engine.max_num_batched_tokens + 1, -1, dtype=np.int64)  # tokens_subps memo
+        if num_requests:
+            self.check_peak_fits()
+
+    def check_peak_fits(self) -> None:
+        """Refuse a request whose largest one-step KV need exceeds the whole cache (it would stall the run).
+
+        A decoding request with ``P + g`` known tokens (``g <= O - 1`` generated) verifies ``1 + d`` tokens
+        and allocates slots for ``P + g + d + L``: its peak is ``P + O - 1 + w + L`` with ``w`` the widest
+        verify (K drafts, or the tree's nodes) capped by the token budget (``w <= M - 1``), and ``w = 0``
+        under llama.cpp's draft budget (``d <= O - g - 1``). A (re)prefill needs at most ``P + O - 1 + L``.
+        Without speculation the engine needs ``P + O`` (checked by the engine).
+
+        Raises:
+            ValueError: one line naming the request, its peak (tokens, blocks) and the settings to change.
+        """
+        engine = self.engine
+        drafts = 0 if self.draft_budget_limit else min(self.verify_widths[self.num_speculative_tokens],
+                                                       engine.max_num_batched_tokens - 1)
+        total = np.asarray(engine.prompt_tokens, dtype=np.int64) + np.asarray(engine.output_tokens, dtype=np.int64)
+        peak = total - 1 + drafts + self.lookahead_slots
+        r = int(np.argmax(peak))
+        need = -(-int(peak[r]) // engine.block_size)
+        if need > engine.total_blocks:
+            raise ValueError(
+                f"request {r} ({engine.prompt_tokens[r]} prompt + {engine.output_tokens[r]} output tokens) can need "
+                f"{int(peak[r])} KV slots ({need} blocks of {engine.block_size} tokens) in one step under speculation "
+                f"({drafts} draft tokens verified, {self.lookahead_slots} lookahead slots), more than the cache's "
+                f"{engine.total_blocks} blocks: raise engine.num_gpu_blocks_override or gpu_memory_utilization, or "
+                "lower speculative_config.num_speculative_tokens"
+            )
+
+    # ------------------------------------------------------------------ prefix caching
+    def round_cached(self, timeline: DecoderTimeline, r: int, i: int) -> int:
+        """Tokens aggregated decoder ``r``'s blocks cache when its round ``i`` is scheduled (as the engine's
+        ``_note_scheduled`` notes): its known tokens ``ncb_i + 1``, under async scheduling those before the
+        previous round's output (``ncb_{i-1} + 1``; for round 0, noted at join)."""
+        ncb = timeline.computed_before
+        held_back = self.engine.reprefill_tokens
+        if not self.engine.async_scheduling:
+            known = int(ncb[i]) + 1
+        elif i:
+            known = int(ncb[i - 1]) + 1
+        else:
+            known = self.known_at_join[r]
+        return known - held_back if known > held_back else 0
+
+    def cached_tokens(self, r: int, g: int) -> int:
+        """Tokens aggregated decoder ``r``'s blocks cache when it is scheduled in step ``g``."""
+        timeline = self.timelines[r]
+        return self.round_cached(timeline, r, g - timeline.start_step)
+
+    # ------------------------------------------------------------------ acceptance (the exact step)
+    def start_decode(self, r: int) -> None:
+        """Build request r's acceptance table for the rest of its rounds (at the start of a decode phase)."""
+        spec = self.spec
+        engine = self.engine
+        output_tokens = engine.output_tokens[r]
+        if spec.accept_table is not None:  # precomputed for every round of every request
+            offset = self.round_offset[r]
+            self.acceptance_tables[r] = (0, spec.accept_table[offset: offset + output_tokens])
+            return
+        first_round = self.rounds_done[r]
+        remaining = output_tokens - engine.num_generated[r]
+        start = self.round_offset[r] + first_round
+        uniforms = spec.uniforms[start:start + remaining]
+        profile = spec.profile
+        factors = None if spec.factors is None else np.full(len(uniforms), spec.factors[r])
+        context = None
+        decay = getattr(profile, "context_decay", None)
+        if decay is not None and decay.enabled:
+            context = engine.num_computed[r] + np.arange(len(uniforms)) * self.mean_acceptance_length
+        if factors is None and context is None:
+            table = (uniforms[:, None] < self.fixed_rates).sum(axis=1)
+        else:
+            rates = np.cumprod(profile.conditional_rates(self.num_speculative_tokens, factors, context), axis=1)
+            table = (uniforms[:, None] < rates).sum(axis=1)
+        table = table.astype(np.int64)
+        if spec.drafts_may_be_empty:
+            table[profile.draft_is_empty(uniforms)] = -1
+        self.acceptance_tables[r] = (first_round, table)
+
+    def acceptance_draw(self, r: int) -> int:
+        """``A_r(u)`` of ``r``'s next round: drafts it would accept of K (-1: an empty n-gram draft)."""
+        first_round, table = self.acceptance_tables[r]
+        return int(table[self.rounds_done[r] - first_round])
+
+    def drafts_for(self, r: int, k: int, draw: int) -> int:
+        """Draft tokens ``r`` verifies in its next step with ``k`` drafts proposed (``draw``: its acceptance
+        draw): the verify width, none for an empty n-gram draft, and under llama.cpp's draft budget at most
+        the remaining output tokens minus one."""
+        drafts = 0 if (k == 0 or draw < 0) else self.verify_widths[k]
+        if self.draft_budget_limit:
+            engine = self.engine
+            cap = engine.output_tokens[r] - engine.num_generated[r] - 1
+            if drafts > cap:
+                drafts = cap  # llama.cpp: a draft never exceeds the remaining budget minus one
+        return drafts
+
+    def verify_width(self, k: int) -> int:
+        """Draft tokens scheduled per decoder for ``k`` speculative positions (chain: k; tree: its nodes)."""
+        return self.verify_widths[k] if k else 0
+
+    def record_round(self, r: int, drafts: int, accepted: int) -> None:
+        """Count a verification round of ``r`` (vLLM's counters, ``vllm/v1/spec_decode/metrics.py``)."""
+        self.rounds_done[r] += 1
+        if drafts > 0:
+            self.num_drafts += 1
+            self.num_draft_tokens += drafts
+            self.num_accepted_tokens += accepted
+            pos = self.accepted_per_pos
+            for i in range(accepted):
+                pos[i] += 1
+
+    def k_for_next_step(self, batch_size: int) -> int:
+        """Drafts to propose in this step for the next one: the schedule's k for this step's batch size,
+        or 0 when V0's ``disable_by_batch_size`` turns speculation off (running requests >= threshold)."""
+        threshold = self.spec.disable_by_batch_size
+        if threshold is not None and len(self.engine.running) >= threshold:
+            return 0
+        return self.spec.schedule.k_for(batch_size)
+
+    def drafter_subps(self, num_tokens: int, num_sampled: int, k: int, kv_tokens: int) -> int:
+        """The drafter's time in a step (2^-16 ps, :class:`~servesim.speculation.costs.DrafterCost`)."""
+        return self.spec.drafter.step_subps(num_tokens, num_sampled, k, kv_tokens)
+
+    def counters(self) -> dict:
+        """vLLM's speculative-decoding counters over the whole run (call after the aggregate is written back)."""
+        self._segment_counters()
+        return {
+            "num_drafts": self.num_drafts,
+            "num_draft_tokens": self.num_draft_tokens,
+            "num_accepted_tokens": self.num_accepted_tokens,
+            "num_accepted_tokens_per_pos": list(self.accepted_per_pos),
+        }
+
+    # ------------------------------------------------------------------ run mode: decoder timelines
+    # A decoding request's future is fixed once k is: its acceptance table gives, round by round, the
+    # tokens it schedules (1 + drafts), its context, its new KV blocks and the round it finishes in. At
+    # join, these per-round arrays are added into global per-step arrays (see join) indexed by
+    # the absolute step number; a run of decode steps is then a few vector operations on slices of them,
+    # and a finish, an arrival or a failing block allocation ends the run. When the global k changes
+    # (batch-size schedule), every decoder's remaining timeline is recomputed.
+
+    def _ensure(self, end: int) -> None:
+        if end > self.capacity:
+            capacity = max(end, 2 * self.capacity, 1024)
+            self.step_computed = _grown(self.step_computed, capacity)
+            self.step_new_blocks = _grown(self.step_new_blocks, capacity)
+            if self.variable_width:
+                self.step_tokens = _grown(self.step_tokens, capacity)
+                self.step_token_context = _grown(self.step_token_context, capacity)
+                self.step_token_pairs = _grown(self.step_token_pairs, capacity)
+            self.capacity = capacity
+
+    def begin_aggregate(self) -> None:
+        """The aggregate is rebuilt from per-request state: its rounds verify the last proposed k."""
+        self.k = self.engine.k_next
+
+    def before_step(self, g: int) -> None:
+        """Step ``g`` is about to be taken on the aggregate: retime the decoders if k changed."""
+        k_next = self.engine.k_next
+        if k_next != self.k and self.timelines:
+            self._retime(g, k_next)
+        self.k = k_next
+
+    def after_step(self, g_next: int, k_new: int) -> None:
+        """A step ended; the next, ``g_next``, verifies ``k_new`` drafts."""
+        if k_new != self.k and self.timelines:
+            self._retime(g_next, k_new)
+        self.k = k_new
+
+    def join(self, r: int, g: int, k: int | None = None) -> None:
+        """Add decoder r's timeline from step g (k drafts per round) to the per-step sums.
+
+        Per round i: ``ncb_i`` computed tokens before the round, ``q_i = 1 + drafts`` scheduled tokens,
+        ``newblk_i`` KV blocks allocated. Sums kept per absolute step: computed tokens, new blocks and,
+        when the width varies (n-gram), q, q * ncb and q (q + 1) / 2; with a fixed q those three follow
+        from the decoder count and the computed tokens. The rounds actually run are recorded as a segment
+        when the decoder leaves, and counted (vLLM's counters) once, at the end.
+        """
+        engine = self.engine
+        if k is None:
+            k = self.k
+            if engine.async_scheduling and engine.prefix_caching:  # retimed decoders keep theirs (set at leave)
+                inflight = engine.emitted_tokens[r] if engine.last_emit_ps[r] == engine.now else 0
+                self.known_at_join[r] = engine.prompt_tokens[r] + engine.num_generated[r] - inflight
+        computed0, generated0, blocks0, round0 = (engine.num_computed[r], engine.num_generated[r],
+                                                  engine.num_blocks[r], self.rounds_done[r])
+        first_round, table = self.acceptance_tables[r]
+        remaining = engine.output_tokens[r] - generated0
+        draws = table[round0 - first_round: round0 - first_round + remaining]
+        variable = self.variable_width
+        if k == 0:
+            num_rounds = remaining
+            accepted = None
+            ncb = np.arange(computed0, computed0 + num_rounds, dtype=np.int64)
+            q = np.ones(num_rounds, dtype=np.int64) if variable else 1
+        else:
+            if variable:
+                drafts = np.where(draws < 0, 0, self.verify_widths[k])
+                accepted = np.minimum(np.minimum(drafts, k), draws.clip(0))
+            else:
+                drafts = None
+                accepted = np.minimum(draws, k)
+            emitted = accepted + 1
+            cum = np.cumsum(emitted)
+            if self.draft_budget_limit:
+                drafts, accepted, emitted, cum = self._limit_drafts(drafts, accepted, emitted, cum, draws, k, remaining)
+            num_rounds = int(np.searchsorted(cum, remaining)) + 1
+            accepted = accepted[:num_rounds]
+            ncb = (computed0 - emitted[:num_rounds]) + cum[:num_rounds]
+            q = (drafts[:num_rounds] + 1) if variable else self.verify_widths[k] + 1
+        bs = engine.block_size
+        lookahead = self.lookahead_slots
+        if engine.async_scheduling:  # the previous round's rejected drafts still count while this round is scheduled
+            rejected = np.zeros(num_rounds, dtype=np.int64)
+            rejected[0] = engine.rejected_drafts[r] if engine.rejected_at_step[r] == g - 1 else 0
+            if accepted is not None and num_rounds > 1:
+                rejected[1:] = (q[:num_rounds - 1] if variable else q) - 1 - accepted[:num_rounds - 1]
+            need = (ncb + rejected + (q + lookahead + bs - 1)) // bs
+        else:
+            need = (ncb + (q + lookahead + bs - 1)) // bs
+        if variable or engine.async_scheduling:
+            held = np.maximum.accumulate(np.maximum(need, blocks0))
+        else:
+            held = np.maximum(need, blocks0)  # non-decreasing: ncb grows every round, q is fixed
+        new_blocks = held.copy()
+        new_blocks[1:] -= held[:-1]
+        new_blocks[0] -= blocks0
+        end = g + num_rounds
+        if end > self.capacity:
+            self._ensure(end)
+        self.step_computed[g:end] += ncb
+        self.step_new_blocks[g:end] += new_blocks
+        if variable:
+            self.step_tokens[g:end] += q
+            self.step_token_context[g:end] += q * ncb
+            self.step_token_pairs[g:end] += q * (q + 1) // 2
+        self.timelines[r] = DecoderTimeline(g, num_rounds, ncb, held, accepted, generated0, blocks0, round0,
+                                            new_blocks, q, k)
+        self.num_decoders += 1
+        engine.add_finish(r, end - 1)
+
+    def _segment_counters(self) -> None:
+        """Add the vLLM counters of the rounds run by aggregated decoders (recorded as segments at leave)."""
+        if not self.segments:
+            return
+        accs, drafted_rounds, draft_tokens = [], 0, 0
+        for accepted, q, k in self.segments:
+            if q is None:  # fixed k drafts every round
+                accs.append(accepted)
+                drafted_rounds += len(accepted)
+                draft_tokens += self.verify_widths[k] * len(accepted)
+            else:
+                mask = q > 1
+                accs.append(accepted[mask])
+                drafted_rounds += int(mask.sum())
+                draft_tokens += int((q - 1).sum())
+        self.segments = []
+        counts = np.bincount(np.concatenate(accs), minlength=self.num_speculative_tokens + 1).tolist()
+        self.num_drafts += drafted_rounds
+        self.num_draft_tokens += draft_tokens
+        at_least = 0
+        for i in range(self.num_speculative_tokens, 0, -1):
+            at_least += counts[i]
+            self.num_accepted_tokens += i * counts[i]
+            self.accepted_per_pos[i - 1] += at_least
+
+    @staticmethod
+    def _limit_drafts(drafts, accepted, emitted, cum, draws, k, remaining):
+        """llama.cpp's draft budget: a round drafts at most ``remaining output - 1`` tokens. Only the last
+        few rounds of a request can hit the cap; from the first one that does, redo them in order."""
+        before = cum - emitted
+        capped = np.flatnonzero(remaining - before - 1 < drafts)
+        if not len(capped):
+            return drafts, accepted, emitted, cum
+        drafts, accepted, emitted = drafts.copy(), accepted.copy(), emitted.copy()
+        i = int(capped[0])
+        done = int(before[i])
+        while i < len(drafts):
+            d_i = min(int(drafts[i]), max(remaining - done - 1, 0))
+            a_i = min(d_i, k, max(int(draws[i]), 0))
+            drafts[i], accepted[i], emitted[i] = d_i, a_i, a_i + 1
+            done += a_i + 1
+            i += 1
+            if done >= remaining:
+                break
+        return drafts, accepted, emitted, np.cumsum(emitted)
+
+    def leave(self, r: int, g: int) -> int:
+        """Remove decoder r at step g (its rounds before g done); write back its state; return its blocks."""
+        engine = self.engine
+        timeline = self.timelines.pop(r)
+        ncb, q = timeline.computed_before, timeline.scheduled
+        m = g - timeline.start_step
+        num_rounds = timeline.num_rounds
+        end = timeline.start_step + num_rounds
+        variable = self.variable_width
+        if m < num_rounds:
+            self.step_computed[g:end] -= ncb[m:]
+            self.step_new_blocks[g:end] -= timeline.new_blocks[m:]
+            if variable:
+                qs = q[m:]
+                self.step_tokens[g:end] -= qs
+                self.step_token_context[g:end] -= qs * ncb[m:]
+                self.step_token_pairs[g:end] -= qs * (qs + 1) // 2
+        accepted = timeline.accepted
+        if m and accepted is not None:
+            self.segments.append((accepted[:m], q[:m] if variable else None, timeline.k))
+            engine.rejected_drafts[r] = int(q[m - 1] if variable else q) - 1 - int(accepted[m - 1])
+            engine.rejected_at_step[r] = g - 1
+        if m:
+            output_tokens = engine.output_tokens[r]
+            if m < num_rounds:
+                computed = int(ncb[m])
+                generated = timeline.generated_at_start + computed - int(ncb[0])
+            else:
+                last_accepted = int(accepted[num_rounds - 1]) if accepted is not None else 0
+                computed = int(ncb[num_rounds - 1]) + 1 + last_accepted
+                generated = output_tokens
+            engine.num_computed[r] = computed
+            engine.num_generated[r] = min(generated, output_tokens)
+            blocks = int(timeline.blocks_held[m - 1])
+            if engine.prefix_caching:
+                self._leave_cached(r, timeline, m)
+        else:
+            blocks = timeline.blocks_at_start
+        engine.num_blocks[r] = blocks
+        self.rounds_done[r] = timeline.round_at_start + m
+        self.num_decoders -= 1
+        engine.finish_step[r] = -1
+        return blocks
+
+    def _leave_cached(self, r: int, timeline: DecoderTimeline, m: int) -> None:
+        """Prefix caching: what decoder ``r``, leaving after ``m >= 1`` rounds, noted at its last round's
+        scheduling (as the engine's ``_note_scheduled`` does in an exact step), and its newly full
+        shareable blocks."""
+        engine = self.engine
+        ncb = timeline.computed_before
+        before = int(ncb[m - 1])  # its computed tokens when its last round was scheduled
+        cached = self.round_cached(timeline, r, m - 1)
+        engine.kv_cached_tokens[r] = cached
+        if engine.async_scheduling:
+            held_back = engine.reprefill_tokens
+            engine.kv_output_tokens[r] = before - held_back if before > held_back else 0
+            engine.emitted_tokens[r] = engine.num_generated[r] - (timeline.generated_at_start + before - int(ncb[0]))
+            self.known_at_join[r] = before + 1  # known when the next step is scheduled (its last round in flight)
+        lagging = engine.kv.lagging
+        if lagging and r in lagging:
+            engine.kv.cache(r, cached)
+
+    def trace_tokens(self, r: int, g: int):
+        """(tokens, drafts) per step from step g of aggregated decoder r (lists, or ints when fixed)."""
+        timeline = self.timelines[r]
+        q = timeline.scheduled
+        if isinstance(q, np.ndarray):
+            q = q[g - timeline.start_step:].tolist()
+            return q, [x - 1 for x in q]
+        return q, q - 1
+
+    def need_at(self, r: int, g: int) -> int:
+        """New KV blocks decoder r allocates at step g."""
+        timeline = self.timelines[r]
+        return int(timeline.new_blocks[g - timeline.start_step])
+
+    def finish_known(self, r: int) -> bool:
+        """Whether vLLM knew, when it scheduled decoder ``r``'s last round, that it would finish (its output
+        needed one more token), or learnt it from the accepted drafts."""
+        timeline = self.timelines[r]
+        ncb = timeline.computed_before
+        before = timeline.generated_at_start + int(ncb[timeline.num_rounds - 1]) - int(ncb[0])  # generated before its last round
+        return before + 1 >= self.engine.output_tokens[r]
+
+    def tokens_at(self, g: int) -> int:
+        """Tokens the aggregated decoders schedule in step ``g``."""
+        if not self.num_decoders:
+            return 0
+        if self.variable_width:
+            return int(self.step_tokens[g])
+        return self.num_decoders * (self.verify_widths[self.k] + 1)
+
+    def new_blocks_at(self, g: int) -> int:
+        """New KV blocks the aggregated decoders allocate in step ``g``."""
+        return int(self.step_new_blocks[g]) if self.num_decoders else 0
+
+    def sums_at(self, g: int) -> tuple[int, int, int]:
+        """(scheduled tokens, sum of attended contexts, attention pairs) of the aggregated decoders at step g."""
+        num_decoders = self.num_decoders
+        if not num_decoders:
+            return 0, 0, 0
+        ncb = int(self.step_computed[g])
+        if self.variable_width:
+            tokens = int(self.step_tokens[g])
+            return tokens, ncb + tokens, int(self.step_token_context[g]) + int(self.step_token_pairs[g])
+        q = self.verify_widths[self.k] + 1
+        return num_decoders * q, ncb + num_decoders * q, q * ncb + num_decoders * (q * (q + 1) // 2)
+
+    def _retime(self, g: int, k: int) -> None:
+        """All decoders continue from step g with k drafts per round."""
+        members = [r for r in self.engine.running if r in self.timelines]
+        for r in members:
+            self.leave(r, g)
+        self.k = k
+        for r in members:
+            self.join(r, g, k)
+
+    def _base_vec(self, tokens: np.ndarray) -> np.ndarray:
+        """The step time's token terms (2^-16 ps) for each step's scheduled ``tokens`` (int64 array), memoised."""
+        memo = self.base_by_tokens
+        hi = int(tokens.max())
+        if hi >= len(memo):
+            grown = np.full(max(hi + 1, 2 * len(memo)), -1, dtype=np.int64)
+            grown[: len(memo)] = memo
+            self.base_by_tokens = memo = grown
+        values = memo[tokens]
+        if (values < 0).any():
+            for t in np.unique(tokens[values < 0]).tolist():
+                memo[t] = self.engine.step_time.tokens_subps(t, t)
+            values = memo[tokens]
+        return values
+
+    def _admissible_at(self, tokens: np.ndarray, head_tokens: int) -> int | None:
+        """First step of a run (index into ``tokens``, the decoders' scheduled tokens per step) whose token
+        budget would admit the waiting head of ``head_tokens`` tokens (chunked prefill: any budget left;
+        without: the whole prompt), or None. The verify width varies within a run (empty n-gram drafts,
+        llama.cpp's draft budget), so a head blocked at the run's first step can become admissible later."""
+        engine = self.engine
+        room = engine.max_num_batched_tokens - tokens - (self.num_decoders + 1) * engine.draft_slots  # the decoders' and the head's drafting slots
+        ok = room > 0 if engine.enable_chunked_prefill else room >= head_tokens
+        return int(np.argmax(ok)) if ok.any() else None
+
+    def run(self, g: int, head_tokens: int | None = None) -> None:
+        """A run of decode-only steps from step ``g`` up to the next event, as vector operations on the
+        per-step sums.
+
+        ``head_tokens``: tokens of the waiting head when only the token budget keeps it out; the run then
+        ends before the first step whose budget admits it (:meth:`_admissible_at`)."""
+        engine = self.engine
+        num_decoders = self.num_decoders
+        t0 = engine.now
+        k_step = self.k
+        k_new = self.k_for_next_step(num_decoders)
+        n = engine.next_finish() - g + 1
+        if engine.stale or k_new != k_step or engine.finishing:
+            n = 1
+        if n > 4096:
+            n = 4096
+        st, drafter = engine.step_time, self.spec.drafter
+        kv_draft = drafter.kv_subps_per_draft_token * k_new
+        t_lim = engine.limit_time()
+        if t_lim is not None and n > 1:
+            # step times only grow within a run (contexts grow), so the first step's time bounds how many
+            # steps can pass before t_lim: evaluate no more than that
+            d_first = (st.base_subps(num_decoders, num_decoders, num_decoders)
+                       + (st.kv_subps_per_token + kv_draft) * int(self.step_computed[g])) >> SUBPS_BITS
+            n = min(n, (t_lim - t0) // max(d_first, 1) + 2)
+        if n <= SHORT_RUN and not self.variable_width:
+            self._short_run(g, n, t_lim, k_step, k_new, kv_draft)
+            return
+        end = g + n
+        ncb = self.step_computed[g:end]
+        if self.variable_width:
+            tokens = self.step_tokens[g:end]
+            over = tokens > engine.max_num_batched_tokens
+            if over.any():
+                n = int(np.argmax(over))
+                if n == 0:
+                    engine.fallback()
+                    return
+                end = g + n
+                ncb, tokens = ncb[:n], tokens[:n]
+            if head_tokens is not None:
+                first = self._admissible_at(tokens, head_tokens)
+                if first is not None:  # >= 1: the first step keeps the head out
+                    n = first
+                    end = g + n
+                    ncb, tokens = ncb[:n], tokens[:n]
+            context = ncb + tokens
+            durations = (self._base_vec(tokens) + st.request_subps_per_request * num_decoders
+                         + (st.kv_subps_per_token + kv_draft) * context
+                         + st.attn_subps_per_pair * (self.step_token_context[g:end] + self.step_token_pairs[g:end]))
+            if k_new > 0:
+                durations += np.array([drafter.const_subps(t, num_decoders, k_new) for t in tokens.tolist()],
+                                      dtype=np.int64)
+            first_tokens = int(tokens[0])
+            longest = int(durations.max())
+        else:
+            q = self.verify_widths[k_step] + 1
+            first_tokens = num_decoders * q
+            const = (st.base_subps(first_tokens, first_tokens, num_decoders) + (st.kv_subps_per_token + kv_draft) * first_tokens
+                     + st.attn_subps_per_pair * num_decoders * (q * (q + 1) // 2)
+                     + drafter.const_subps(first_tokens, num_decoders, k_new))
+            durations = (st.kv_subps_per_token + kv_draft + st.attn_subps_per_pair * q) * ncb + const
+            longest = int(durations[n - 1])  # contexts only grow within a run
+        if longest * n >= SUBPS_SUM_MAX:  # keep the run's sum (2^-16 ps) within int64
+            n = max(1, SUBPS_SUM_MAX // longest)
+        # the steps' ends after t0 in 2^-16 ps from the clock's remainder, then on the ps clock
+        fine = np.cumsum(durations[:n])
+        fine += engine.clock_subps
+        ends = fine >> SUBPS_BITS
+        if t_lim is not None and ends[n - 1] >= t_lim - t0:
+            n = int(np.searchsorted(ends, t_lim - t0, side="left")) + 1
+        cum_blocks = np.cumsum(self.step_new_blocks[g:g + n])
+        if cum_blocks[n - 1] > engine.free_blocks:
+            n = int(np.searchsorted(cum_blocks, engine.free_blocks, side="right"))
+        used_before = engine.total_blocks - engine.free_blocks
+        duration = int(ends[n - 1])
+        if (used_before + int(cum_blocks[n - 1])) * duration >= KV_BLOCK_PS_MAX:
+            span = KV_BLOCK_PS_MAX // (used_before + int(cum_blocks[n - 1]))
+            n = max(1, int(np.searchsorted(ends[:n], span, side="left")))
+            duration = int(ends[n - 1])
+        t1 = t0 + duration
+        engine.clock_subps = int(fine[n - 1]) & SUBPS_MASK
+        if engine.tracer is not None:
+            engine.trace_run(g, n, [t0] + (ends[:n - 1] + t0).tolist(), cum_blocks[:n].tolist(), k_new)
+        engine.free_blocks -= int(cum_blocks[n - 1])
+        used = engine.total_blocks - engine.free_blocks
+        # blocks in use at the end of step j: used_before + cum_blocks[j]; the row's integral is used x
+        # duration less the blocks of step i (i >= 1) over the steps before it, nb_i x (end of step i - 1)
+        # (every term < KV_BLOCK_PS_MAX: no overflow)
+        late = int(np.dot(self.step_new_blocks[g + 1:g + n], ends[:n - 1])) if n > 1 else 0
+        if late:
+            engine.kv_late.append((len(engine.rows), late))
+        d0 = int(ends[0])
+        itl = num_decoders - engine.flush_stale(t0 + d0)
+        inc = (duration - int(ends[n - 2]) - d0) // (n - 1) if n > 1 else 0
+        engine.rows.append(StepRow(t0, n, d0, inc, duration, num_decoders, first_tokens, 0, itl, used,
+                                   len(engine.waiting), 0, k_step))
+        engine.record_summed_run(ends[:n])
+        engine.now = t1
+        engine.step_index = g + n
+        engine.k_next = k_new
+        if engine.finishing:
+            engine.release_finishing()
+        engine.finish_decoders(g + n - 1, t1)
+
+    def _short_run(self, g: int, n: int, t_lim, k_step: int, k_new: int, kv_draft: int) -> None:
+        """:meth:`run` for at most SHORT_RUN steps with a fixed verify width, in plain integers: the same
+        sums, step by step, without the per-call cost of numpy on a handful of elements."""
+        engine = self.engine
+        num_decoders = self.num_decoders
+        st, drafter = engine.step_time, self.spec.drafter
+        t0 = engine.now
+        q = self.verify_widths[k_step] + 1
+        first_tokens = num_decoders * q
+        const = (st.base_subps(first_tokens, first_tokens, num_decoders) + (st.kv_subps_per_token + kv_draft) * first_tokens
+                 + st.attn_subps_per_pair * num_decoders * (q * (q + 1) // 2)
+                 + drafter.const_subps(first_tokens, num_decoders, k_new))
+        slope = st.kv_subps_per_token + kv_draft + st.attn_subps_per_pair * q
+        ncb = self.step_computed[g:g + n].tolist()
+        new_blocks = self.step_new_blocks[g:g + n].tolist()
+        free, t, m = engine.free_blocks, t0, 0
+        fine = engine.clock_subps  # the clock's remainder below t (2^-16 ps)
+        ends = []
+        kv_ps = 0
+        total = engine.total_blocks
+        for i in range(n):
+            if new_blocks[i] > free:  # this step's block allocation would fail: the run ends before it
+                break
+            step = fine + const + slope * ncb[i]
+            d = step >> SUBPS_BITS  # the step's duration on the ps clock
+            step_kv = (total - free + new_blocks[i]) * d
+            if m and kv_ps + step_kv >= KV_BLOCK_PS_MAX:  # keep the row's KV integral within int64
+                break
+            fine = step & SUBPS_MASK
+            free -= new_blocks[i]
+            kv_ps += step_kv
+            t += d
+            ends.append(t - t0)
+            m += 1
+            if t_lim is not None and t >= t_lim:
+                break
+        engine.clock_subps = fine
+        if engine.tracer is not None:
+            engine.trace_run(g, m, [t0] + [t0 + e for e in ends[:-1]], [sum(new_blocks[:j + 1]) for j in range(m)], k_new)
+        engine.free_blocks = free
+        if kv_ps != (total - free) * (t - t0):
+            engine.kv_late.append((len(engine.rows), (total - free) * (t - t0) - kv_ps))
+        used = total - free
+        d0 = ends[0]
+        itl = num_decoders - engine.flush_stale(t0 + d0)
+        inc = (ends[-1] - ends[-2] - d0) // (m - 1) if m > 1 else 0
+        engine.rows.append(StepRow(t0, m, d0, inc, t - t0, num_decoders, first_tokens, 0, itl, used,
+                                   len(engine.waiting), 0, k_step))
+        engine.record_summed_run(ends)
+        engine.now = t
+        engine.step_index = g + m
+        engine.k_next = k_new
+        if engine.finishing:
+            engine.release_finishing()
+        engine.finish_decoders(g + m - 1, t)
