@@ -204,9 +204,7 @@ def test_step_durations_rebuilt_at_output_are_the_stepped_ones(run_list, single)
         if i < len(single):
             rows.append([0, 1, single[i], 0, single[i]] + [0] * 8)
             expected.append(single[i])
-    fake = SimpleNamespace(closed_runs_row=sub_runs[0::4], closed_runs_remainder=sub_runs[1::4],
-                           closed_runs_first_subps=sub_runs[2::4], closed_runs_increment_subps=sub_runs[3::4],
-                           summed_runs_row=[], summed_runs_ends=[])
+    fake = SimpleNamespace(closed_runs=sub_runs, summed_runs_row=[], summed_runs_ends=[])
     cols = np.asarray(rows, dtype=np.int64).T
     np.testing.assert_array_equal(Engine._step_ends(fake, cols[1], cols[4]), np.asarray(expected, dtype=np.int64))
 

@@ -159,6 +159,7 @@ class Engine:
         # async scheduling: requests that finished in the previous step -> whether vLLM knew they would
         # (then it skips them; otherwise it schedules them once more and discards that output)
         self.finishing: dict[int, bool] = {}
+        self.num_unsure_finishing = 0  # those vLLM did not know would finish
         self.max_time_ps = None if max_time_s is None else round(max_time_s * PS_PER_S)
         if num_requests:
             self._check_requests_fit()
@@ -214,7 +215,7 @@ class Engine:
         self.num_cached_tokens = [-1] * num_requests  # vLLM Request.num_cached_tokens: the hit at first scheduling
         # prefix caching: tokens of each request's blocks cached at its last scheduling (vLLM cache_blocks:
         # min(num_computed + num_new, num_tokens), without drafts, under async scheduling without the tokens
-        # still in flight, less num_reprefillable_tokens; see _note_scheduled) and, under async scheduling,
+        # still in flight, less num_reprefillable_tokens; see _note_many) and, under async scheduling,
         # what the output in flight at that scheduling caches once processed (kv_output_tokens), and what a
         # finished request's last output caches (output_cached)
         self.kv_cached_tokens = [0] * num_requests
@@ -238,14 +239,11 @@ class Engine:
         # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
         # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
         self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of runs summed step by step
-        # closed-form decode runs of more than one step (plain decoding): their rows, clock remainders at
-        # their start, first durations and increments (2^-16 ps), from which the output rebuilds every
-        # step's duration in ps; and those whose integral is corrected at output: their rows, and the
-        # blocks each step phase allocates (block_size counts per run, flat)
-        self.closed_runs_row: list[int] = []
-        self.closed_runs_remainder: list[int] = []
-        self.closed_runs_first_subps: list[int] = []
-        self.closed_runs_increment_subps: list[int] = []
+        # closed-form decode runs of more than one step (plain decoding), four ints each (cheap to extend):
+        # row, clock remainder at its start, first duration, increment (2^-16 ps), from which the output
+        # rebuilds every step's duration in ps; and those whose integral is corrected at output: their
+        # rows, and the blocks each step phase allocates (block_size counts per run, flat)
+        self.closed_runs: list[int] = []
         self.kv_runs: list[int] = []
         self.kv_windows: list[int] = []
         # runs summed step by step (speculation): their rows and their steps' ends after the row's start (ps)
@@ -282,8 +280,12 @@ class Engine:
 
     # ------------------------------------------------------------------ SimPy process
     def process(self, env):
-        """The replica's SimPy process: one timeout per engine step or run of identical steps."""
+        """The replica's SimPy process: one timeout per engine step or run of decode steps or, when nothing
+        else observes the engine between its steps (one replica pulling from a plain :class:`ArrivalSource`:
+        no router), per stretch of steps up to the next arrival, the step that reaches it included. Every
+        step starts and ends at the same instant either way; only the number of SimPy events changes."""
         arrivals = self.arrivals
+        batch = type(arrivals) is ArrivalSource
         while True:
             t_next = arrivals.next_time()
             if t_next is not None and t_next <= self.now:
@@ -301,16 +303,24 @@ class Engine:
             if self.max_time_ps is not None and self.now >= self.max_time_ps:
                 break
             t0 = self.now
-            if self.mode == "step":
-                self._explicit_step()
-            elif self.explicit_steps_left:
-                self._explicit_step()
-                self.explicit_steps_left -= 1
-                if not self.explicit_steps_left:
-                    self._aggregate()
-                    self.aggregated_at_step = self.step_index
-            else:
-                self._fast_step()
+            while True:
+                if self.mode == "step":
+                    self._explicit_step()
+                elif self.explicit_steps_left:
+                    self._explicit_step()
+                    self.explicit_steps_left -= 1
+                    if not self.explicit_steps_left:
+                        self._aggregate()
+                        self.aggregated_at_step = self.step_index
+                else:
+                    self._fast_step()
+                if not batch or not (self.running or self.waiting):
+                    break
+                t_next = arrivals.next_time()
+                if t_next is not None and t_next <= self.now:
+                    break
+                if self.max_time_ps is not None and self.now >= self.max_time_ps:
+                    break
             yield env.timeout((self.now - t0) / PS_PER_S)
 
     def _pull_arrivals(self) -> None:
@@ -363,9 +373,9 @@ class Engine:
                 if hit_tokens:
                     self.kv.touch(r, hit)
                     self.num_computed[r] = hit_tokens
-                cached = self._note_scheduled(r, n, t0)
+                self._note_many(((r, n),), t0)
                 if self.kv.shareable is not None:
-                    self.kv.cache(r, cached)
+                    self.kv.cache(r, self.kv_cached_tokens[r])
                 self.prefix_cache_stats.record(total, hit_tokens, self.num_preemptions[r] > 0)
                 if self.tracer is not None:
                     self.tracer.record_hit(r, total, hit_tokens, self.num_preemptions[r] > 0)
@@ -489,6 +499,8 @@ class Engine:
                 out = (self.num_computed[r] if self.num_computed[r] < known else known) - self.reprefill_tokens
                 self.output_cached[r] = out if out > 0 else 0
             self.finishing[r] = sure
+            if not sure:
+                self.num_unsure_finishing += 1
             return
         if self.prefix_caching:
             self.free_blocks += self.kv.free(r, self.num_blocks[r], self._kv_cached(r), self.free_blocks, finished=True)
@@ -513,6 +525,7 @@ class Engine:
                     self.free_blocks += blocks[r]
                 blocks[r] = 0
         self.finishing = {}
+        self.num_unsure_finishing = 0
 
     def _kv_cached(self, r: int) -> int:
         """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
@@ -532,12 +545,6 @@ class Engine:
             if out > cached:
                 return out
         return cached
-
-    def _note_scheduled(self, r: int, n: int, t0: int) -> int:
-        """Request ``r`` is scheduled ``n`` tokens (drafts included) in the step starting at ``t0``: note and
-        return the tokens its blocks cache (see :meth:`_note_many`)."""
-        self._note_many(((r, n),), t0)
-        return self.kv_cached_tokens[r]
 
     def _note_many(self, items, t0: int, lagging=None) -> None:
         """Requests ``items`` (``(request, tokens)`` pairs, drafts included) are scheduled in the step
@@ -787,16 +794,20 @@ class Engine:
             return
         g = self.step_index
         decoding = self.decoding
-        decoding.before_step(g)
+        if self.k_next != decoding.k:
+            decoding.before_step(g)
         num_decoders = decoding.num_decoders
-        budget = self.max_num_batched_tokens - decoding.tokens_at(g) - num_decoders * self.draft_slots
+        decode_tokens, new_blocks = decoding.demand_at(g)
+        budget = self.max_num_batched_tokens - decode_tokens - num_decoders * self.draft_slots
         if budget < 0:  # the token budget cannot serve every decoder: per-request order matters
             self.fallback()
             return
-        new_blocks = decoding.new_blocks_at(g)
         zombies = None
         if self.finishing:
-            zombies = None if self.partial is not None or new_blocks > self.free_blocks else self._zombies(budget, new_blocks)
+            if self.partial is not None or new_blocks > self.free_blocks:
+                zombies = None
+            else:
+                zombies = self._zombies(budget, new_blocks) if self.num_unsure_finishing else {}
             if zombies is None:
                 self.fallback()  # async: preemption victims, a prefill chunk or a short budget next to finished requests
                 return
@@ -805,7 +816,7 @@ class Engine:
             if blocked:
                 decoding.run(g, head_tokens)
                 return
-        self._mixed_step(g, zombies)
+        self._mixed_step(g, budget, new_blocks, zombies)
 
     def head_blocked(self, free: int, budget: int) -> tuple[bool, int | None]:
         """Whether the head of the waiting queue cannot be admitted with ``free`` blocks left after the
@@ -865,8 +876,11 @@ class Engine:
     def finish_decoders(self, g_last: int, t1: int) -> None:
         """The aggregated decoders whose last token is emitted in step ``g_last`` (ending at ``t1``) finish."""
         heap, finish_step, decoding = self.finish_heap, self.finish_step, self.decoding
-        while heap and heap[0][0] == g_last:
-            _, r = heapq.heappop(heap)
+        while heap:
+            step, r = heap[0]
+            if step != g_last:
+                break
+            heapq.heappop(heap)
             if finish_step[r] != g_last:
                 continue  # stale entry of a preempted decoder
             sure = decoding.finish_known(r)
@@ -916,9 +930,10 @@ class Engine:
         self.free_blocks = free
         return preempted, partial_scheduled
 
-    def _mixed_step(self, g: int, zombies: dict | None = None) -> None:
+    def _mixed_step(self, g: int, budget: int, new_blocks: int, zombies: dict | None = None) -> None:
         """One step: aggregated decoders plus the partial prefill, admissions and (async) finished requests
-        scheduled once more (``zombies``, see :meth:`_zombies`), O(touched requests)."""
+        scheduled once more (``zombies``, see :meth:`_zombies`), O(touched requests). ``budget``: the token
+        budget the decoders leave; ``new_blocks``: the blocks they allocate in step ``g``."""
         prompt, gen, computed, blocks, bs = self.prompt_tokens, self.num_generated, self.num_computed, self.num_blocks, self.block_size
         lookahead = self.lookahead_slots
         decoding = self.decoding
@@ -928,7 +943,7 @@ class Engine:
         p = self.partial
         ds = self.draft_slots
         zombie_tokens = sum(tokens + ds for tokens, _, _ in zombies.values()) if zombies else 0
-        budget = self.max_num_batched_tokens - decoding.tokens_at(g) - decoding.num_decoders * ds - zombie_tokens
+        budget -= zombie_tokens
         n_partial = need_partial = 0
         partial_scheduled = p is not None and budget > ds
         if partial_scheduled:
@@ -937,7 +952,6 @@ class Engine:
                 n_partial = self._reserve_prefill_lookahead(prompt[p] + gen[p], computed[p], n_partial)
                 partial_scheduled = n_partial > 0
             need_partial = max(-(-(computed[p] + n_partial + lookahead) // bs) - blocks[p], 0)
-        new_blocks = decoding.new_blocks_at(g)
         preempted = 0
         if new_blocks + (need_partial if partial_scheduled else 0) > self.free_blocks:
             preempted, partial_scheduled = self._preempt_aggregated(g, new_blocks, need_partial, partial_scheduled)
@@ -961,7 +975,7 @@ class Engine:
                 ctx += c + q
                 pairs += q * c + q * (q + 1) // 2
         if self.prefix_caching:
-            chunks = [(z, entry[0]) for z, entry in zombies.items()] + sched if zombies else sched
+            chunks = [(z, tokens) for z, (tokens, _, _) in zombies.items()] + sched if zombies else sched
             self._note_many(chunks, t0)
             if self.kv.lagging:
                 self._cache_scheduled(g, chunks)
@@ -987,9 +1001,13 @@ class Engine:
                 logits += 1
                 num_sampled += 1
         batch = num_decoders + len(sched) + num_zombies
-        k_new = decoding.k_for_next_step(batch)
-        t1 = self._advance(self.step_time.step_subps(tokens, logits, kv, pairs, batch)
-                           + decoding.drafter_subps(tokens, num_sampled, k_new, kv))
+        duration_subps = self.step_time.step_subps(tokens, logits, kv, pairs, batch)
+        if decoding.speculative:
+            k_new = decoding.k_for_next_step(batch)
+            duration_subps += decoding.drafter_subps(tokens, num_sampled, k_new, kv)
+        else:
+            k_new = 0
+        t1 = self._advance(duration_subps)
         duration = t1 - t0
         used = self.total_blocks - free
         if self.tracer is not None:
@@ -999,8 +1017,12 @@ class Engine:
         itl = num_decoders - self.flush_stale(t1)
         self.now = t1
         self.step_index = g + 1
-        self.finish_decoders(g, t1)
-        decoding.after_step(g + 1, k_new)
+        if self.finish_heap:
+            first_finish, _ = self.finish_heap[0]
+            if first_finish == g:
+                self.finish_decoders(g, t1)
+        if k_new != decoding.k:
+            decoding.after_step(g + 1, k_new)
         self.k_next = k_new
         # requests still mid-prefill after this step: the partial if it got no chunk, and unfinished chunks
         mids = [p] if p is not None and not partial_scheduled and p in self.running else []
@@ -1038,10 +1060,7 @@ class Engine:
         ``residue_window``, the blocks each of its first ``block_size`` steps allocates, last first."""
         if n > 1:
             row = len(self.rows) - 1
-            self.closed_runs_row.append(row)
-            self.closed_runs_remainder.append(remainder)
-            self.closed_runs_first_subps.append(first_subps)
-            self.closed_runs_increment_subps.append(increment_subps)
+            self.closed_runs += (row, remainder, first_subps, increment_subps)
             if new_blocks:
                 self.kv_runs.append(row)
                 self.kv_windows += residue_window
@@ -1141,11 +1160,9 @@ class Engine:
         first = np.cumsum(steps) - steps
         m = np.arange(1, row.shape[0] + 1, dtype=np.int64) - np.repeat(first, steps)
         tri = m * (m - 1) // 2
-        runs = np.asarray(self.closed_runs_row, dtype=np.int64)
+        runs, remainder, first_subps, increment_subps = np.asarray(self.closed_runs, dtype=np.int64).reshape(-1, 4).T
         rem = np.zeros_like(duration)
-        rem[runs] = self.closed_runs_remainder
-        first_subps = np.asarray(self.closed_runs_first_subps, dtype=np.int64)
-        increment_subps = np.asarray(self.closed_runs_increment_subps, dtype=np.int64)
+        rem[runs] = remainder
         if int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS:  # every row's end fits int64 in 2^-16 ps
             d0 = duration << SUBPS_BITS  # a single step: m = 1, T = 0, no remainder
             inc = np.zeros_like(duration)

@@ -40,6 +40,7 @@ class PlainDecoding:
         self.context_base = [0] * num_requests  # decoder r needs context_base[r] + g KV slots at step g
         self.joined_at = [0] * num_requests  # step it joined the aggregate at
         self.generated_at_join = [0] * num_requests  # its generated tokens then
+        self.blocks_at_join = [0] * num_requests  # its KV blocks then
 
     # ------------------------------------------------------------------ the exact step
     def acceptance_draw(self, r: int) -> int:
@@ -90,6 +91,7 @@ class PlainDecoding:
         self.context_base[r] = base
         self.joined_at[r] = g
         self.generated_at_join[r] = engine.num_generated[r]
+        self.blocks_at_join[r] = engine.num_blocks[r]
         residue = base % engine.block_size
         self.per_residue[residue] += 1
         self.per_residue_twice[residue] += 1
@@ -112,7 +114,11 @@ class PlainDecoding:
         computed = base + g - 1
         engine.num_computed[r] = computed
         engine.num_generated[r] = self.generated_at_join[r] + (g - self.joined_at[r])
+        # the blocks it held at join, and those its decode steps allocated since (one whenever its context
+        # crossed a block boundary)
         blocks = -(-computed // engine.block_size)
+        if blocks < self.blocks_at_join[r]:
+            blocks = self.blocks_at_join[r]
         engine.num_blocks[r] = blocks
         if engine.prefix_caching and g > self.joined_at[r]:  # it was last scheduled in step g - 1, aggregated
             # the tokens its blocks cached then (under async scheduling without the token in flight, see
@@ -127,9 +133,12 @@ class PlainDecoding:
                 engine.kv.cache(r, engine.kv_cached_tokens[r])
         return blocks
 
-    def tokens_at(self, g: int) -> int:
-        """Tokens the aggregated decoders schedule in step ``g``."""
-        return self.num_decoders
+    def demand_at(self, g: int) -> tuple[int, int]:
+        """(tokens the aggregated decoders schedule, new KV blocks they allocate) in step ``g``."""
+        num_decoders = self.num_decoders
+        if not num_decoders:
+            return 0, 0
+        return num_decoders, self.per_residue[(1 - g) % self.engine.block_size]
 
     def sums_at(self, g: int) -> tuple[int, int, int]:
         """(scheduled tokens, sum of attended contexts, attention pairs) of the aggregated decoders at step ``g``."""
@@ -190,9 +199,8 @@ class PlainDecoding:
 
     def _window(self, g: int) -> list[int]:
         """Blocks each of the steps g + bs - 1, ..., g allocates (a run's KV correction at output)."""
-        bs = self.engine.block_size
-        top = (1 - g) % bs + bs
-        return self.per_residue_twice[top - bs + 1: top + 1]
+        top = (1 - g) % self.engine.block_size
+        return self.per_residue_twice[top + 1: top + 1 + self.engine.block_size]
 
     def run(self, g: int, head_tokens: int | None = None) -> None:
         """A run of decode-only steps from step ``g`` up to the next event, in O(1).
@@ -272,5 +280,6 @@ class PlainDecoding:
         else:
             row(StepRow(t0, n, d0_ps, inc_ps, duration, num_decoders, num_decoders, 0, itl, used, num_waiting, 0, 0))
             engine.record_closed_form_run(g, n, rem, d0, inc, new_blocks, self._window(g) if new_blocks and n > 1 else None)
-        if engine.finish_heap[0][0] == g + n - 1:
+        first_finish, _ = engine.finish_heap[0]
+        if first_finish == g + n - 1:
             engine.finish_decoders(g + n - 1, t1)

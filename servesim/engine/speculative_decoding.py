@@ -22,7 +22,7 @@ running requests >= the threshold: that step drafts nothing, so the next step ve
 Prefix caching (vLLM 0.32 keeps it on with every method; the block manager of
 :mod:`servesim.engine.block_manager`): a scheduled request caches its blocks up to ``min(num_computed +
 scheduled, num_tokens)`` tokens, ``num_tokens`` without drafts, so a verify step caches the tokens known
-when it is scheduled and accepted drafts are cached at the next scheduling (:meth:`Engine._note_scheduled <servesim.engine.core.Engine._note_scheduled>`;
+when it is scheduled and accepted drafts are cached at the next scheduling (:meth:`Engine._note_many <servesim.engine.core.Engine._note_many>`;
 an aggregated decoder's round ``i`` caches ``ncb_i + 1``, :meth:`SpeculativeDecoding.round_cached`); multi-layer MTP
 holds back its last ``K - 1`` tokens (``num_reprefillable_tokens``); EAGLE, EAGLE-3 and MTP hits drop their
 last block (``use_eagle``). Under async scheduling the tokens in flight are not known yet, and vLLM caches
@@ -240,7 +240,7 @@ class SpeculativeDecoding:
     # ------------------------------------------------------------------ prefix caching
     def round_cached(self, timeline: DecoderTimeline, r: int, i: int) -> int:
         """Tokens aggregated decoder ``r``'s blocks cache when its round ``i`` is scheduled (as the engine's
-        ``_note_scheduled`` notes): its known tokens ``ncb_i + 1``, under async scheduling those before the
+        ``_note_many`` notes): its known tokens ``ncb_i + 1``, under async scheduling those before the
         previous round's output (``ncb_{i-1} + 1``; for round 0, noted at join)."""
         ncb = timeline.computed_before
         held_back = self.engine.reprefill_tokens
@@ -541,7 +541,7 @@ class SpeculativeDecoding:
 
     def _leave_cached(self, r: int, timeline: DecoderTimeline, m: int) -> None:
         """Prefix caching: what decoder ``r``, leaving after ``m >= 1`` rounds, noted at its last round's
-        scheduling (as the engine's ``_note_scheduled`` does in an exact step), and its newly full
+        scheduling (as the engine's ``_note_many`` does in an exact step), and its newly full
         shareable blocks."""
         engine = self.engine
         ncb = timeline.computed_before
@@ -579,13 +579,12 @@ class SpeculativeDecoding:
         before = timeline.generated_at_start + int(ncb[timeline.num_rounds - 1]) - int(ncb[0])  # generated before its last round
         return before + 1 >= self.engine.output_tokens[r]
 
-    def tokens_at(self, g: int) -> int:
-        """Tokens the aggregated decoders schedule in step ``g``."""
+    def demand_at(self, g: int) -> tuple[int, int]:
+        """(tokens the aggregated decoders schedule, new KV blocks they allocate) in step ``g``."""
         if not self.num_decoders:
-            return 0
-        if self.variable_width:
-            return int(self.step_tokens[g])
-        return self.num_decoders * (self.verify_widths[self.k] + 1)
+            return 0, 0
+        tokens = int(self.step_tokens[g]) if self.variable_width else self.num_decoders * (self.verify_widths[self.k] + 1)
+        return tokens, int(self.step_new_blocks[g])
 
     def new_blocks_at(self, g: int) -> int:
         """New KV blocks the aggregated decoders allocate in step ``g``."""

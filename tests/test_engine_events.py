@@ -1,0 +1,59 @@
+"""SimPy events: a single engine takes every step up to the next arrival in one SimPy timeout
+(Engine.process), with exactly the results of one timeout per step or run; a replica behind a router
+keeps one timeout per step or run (the router observes it between steps)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import simpy
+
+from servesim.engine.arrival_source import ArrivalSource
+from servesim.config.models import SimConfig
+from servesim.wiring import build_engine
+from test_modes_azure import ROOT, config
+
+
+@dataclasses.dataclass
+class _ObservedSource(ArrivalSource):
+    """An ArrivalSource of another type: the engine then yields once per step or run (as behind a router)."""
+
+
+class _CountingEnv(simpy.Environment):
+    def __init__(self) -> None:
+        super().__init__()
+        self.timeouts = 0
+
+    def timeout(self, delay, value=None):
+        self.timeouts += 1
+        return super().timeout(delay, value)
+
+
+def _engine(cfg: dict, observed: bool):
+    engine, _, _ = build_engine(SimConfig.model_validate(cfg), ROOT, np.random.SeedSequence(0))
+    if observed:
+        source = engine.arrivals
+        engine.arrivals = _ObservedSource(times=source.times, num_requests=source.num_requests)
+    env = _CountingEnv()
+    env.process(engine.process(env))
+    env.run()
+    return engine, env
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "eagle", "num_speculative_tokens": 3}])
+def test_steps_batched_up_to_the_next_arrival_give_the_same_results(spec):
+    cfg = config(4.0, "run", 60.0, 2500, spec)
+    batched, env_batched = _engine(cfg, observed=False)
+    single, env_single = _engine(cfg, observed=True)
+    out_b, out_s = batched.output(), single.output()
+    for name in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "generated_tokens"):
+        np.testing.assert_array_equal(getattr(out_b.requests, name), getattr(out_s.requests, name), err_msg=name)
+    for name in ("start_ps", "num_steps", "duration_s", "kv_block_ps", "num_waiting", "itl_samples"):
+        np.testing.assert_array_equal(getattr(out_b.steps, name), getattr(out_s.steps, name), err_msg=name)
+    assert out_b.spec_counters == out_s.spec_counters
+    # one timeout per step or run when observed; when not, at most one per arrival interval plus the
+    # waits of an idle engine: here about a third as many
+    num_requests = len(out_b.requests)
+    assert env_batched.timeouts <= 2 * num_requests + 1 < env_single.timeouts
