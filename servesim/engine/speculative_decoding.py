@@ -716,7 +716,6 @@ class SpeculativeDecoding:
             span = KV_BLOCK_PS_MAX // (used_before + int(cum_blocks[n - 1]))
             n = max(1, int(np.searchsorted(ends[:n], span, side="left")))
             duration = int(ends[n - 1])
-        t1 = t0 + duration
         engine.clock_subps = int(fine[n - 1]) & SUBPS_MASK
         if engine.tracer is not None:
             engine.trace_run(g, n, [t0] + (ends[:n - 1] + t0).tolist(), cum_blocks[:n].tolist(), k_new)
@@ -728,12 +727,23 @@ class SpeculativeDecoding:
         late = int(np.dot(self.step_new_blocks[g + 1:g + n], ends[:n - 1])) if n > 1 else 0
         if late:
             engine.kv_late.append((len(engine.rows), late))
+        self._end_run(g, n, ends[:n], first_tokens, used, k_step, k_new)
+
+    def _end_run(self, g: int, n: int, ends, first_tokens: int, used: int, k_step: int, k_new: int) -> None:
+        """Log a run of ``n`` steps from step ``g`` (``ends``: its steps' ends after its start, ps; each step
+        scheduling ``first_tokens`` tokens at its first step; ``used`` blocks in use at its end), advance
+        the clock to its end, and let the decoders that finish in its last step leave."""
+        engine = self.engine
+        num_decoders = self.num_decoders
+        t0 = engine.now
+        duration = int(ends[n - 1])
         d0 = int(ends[0])
         itl = num_decoders - engine.flush_stale(t0 + d0)
         inc = (duration - int(ends[n - 2]) - d0) // (n - 1) if n > 1 else 0
         engine.rows.append(StepRow(t0, n, d0, inc, duration, num_decoders, first_tokens, 0, itl, used,
                                    len(engine.waiting), 0, k_step))
-        engine.record_summed_run(ends[:n])
+        engine.record_summed_run(ends)
+        t1 = t0 + duration
         engine.now = t1
         engine.step_index = g + n
         engine.k_next = k_new
@@ -783,16 +793,4 @@ class SpeculativeDecoding:
         engine.free_blocks = free
         if kv_ps != (total - free) * (t - t0):
             engine.kv_late.append((len(engine.rows), (total - free) * (t - t0) - kv_ps))
-        used = total - free
-        d0 = ends[0]
-        itl = num_decoders - engine.flush_stale(t0 + d0)
-        inc = (ends[-1] - ends[-2] - d0) // (m - 1) if m > 1 else 0
-        engine.rows.append(StepRow(t0, m, d0, inc, t - t0, num_decoders, first_tokens, 0, itl, used,
-                                   len(engine.waiting), 0, k_step))
-        engine.record_summed_run(ends)
-        engine.now = t
-        engine.step_index = g + m
-        engine.k_next = k_new
-        if engine.finishing:
-            engine.release_finishing()
-        engine.finish_decoders(g + m - 1, t)
+        self._end_run(g, m, ends, first_tokens, total - free, k_step, k_new)
