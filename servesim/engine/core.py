@@ -556,22 +556,32 @@ class Engine:
         computed tokens as they are now, see :meth:`_kv_cached`). One loop for a whole step (hot path)."""
         prompt, gen, computed, held_back = self.prompt_tokens, self.num_generated, self.num_computed, self.reprefill_tokens
         kv_cached = self.kv_cached_tokens
-        asynchronous = self.async_scheduling
-        if asynchronous:
+        if self.async_scheduling:
             last_emit, emitted, output_tokens = self.last_emit_ps, self.emitted_tokens, self.kv_output_tokens
-        for r, n in items:
-            total = prompt[r] + gen[r]
-            cached = computed[r] + n
-            if asynchronous:
-                known = total - emitted[r] if gen[r] and last_emit[r] == t0 else total
-                out = (computed[r] if computed[r] < total else total) - held_back
-                output_tokens[r] = out if out > 0 else 0
-            else:
-                known = total
-            cached = (cached if cached < known else known) - held_back
-            kv_cached[r] = cached = cached if cached > 0 else 0
-            if lagging and r in lagging:
-                self.kv.cache(r, cached)
+            for r, n in items:
+                c = computed[r]
+                g = gen[r]
+                total = prompt[r] + g
+                known = total - emitted[r] if g and last_emit[r] == t0 else total
+                c_known = c + n
+                if held_back:
+                    out = (c if c < total else total) - held_back
+                    output_tokens[r] = out if out > 0 else 0
+                    c_known = (c_known if c_known < known else known) - held_back
+                    kv_cached[r] = c_known if c_known > 0 else 0
+                else:  # every term >= 0
+                    output_tokens[r] = c if c < total else total
+                    kv_cached[r] = c_known if c_known < known else known
+        else:
+            for r, n in items:
+                c_known = computed[r] + n
+                total = prompt[r] + gen[r]
+                c_known = (c_known if c_known < total else total) - held_back
+                kv_cached[r] = c_known if c_known > 0 else 0
+        if lagging:
+            for r, _ in items:
+                if r in lagging:
+                    self.kv.cache(r, kv_cached[r])
 
     def _cache_scheduled(self, g: int, sched: list) -> None:
         """Cache the newly full shareable blocks of the running requests scheduled in step ``g`` so far
@@ -607,7 +617,8 @@ class Engine:
         order = list(running)
         idx = 0
         finishing, zombies, step = self.finishing, [], self.step_index
-        asynchronous = self.async_scheduling
+        speculative = decoding.speculative
+        inflight_drafts = speculative and self.async_scheduling  # see rejected_drafts
         while idx < len(order) and budget > ds:
             r = order[idx]
             drafts = draw = 0
@@ -620,12 +631,15 @@ class Engine:
                 drafts = n - 1
                 zombies.append(r)
             elif decode_ready[r] and computed[r] == prompt[r] + gen[r] - 1:  # decoding: 1 + drafts tokens
-                draw = decoding.acceptance_draw(r)
-                drafts = decoding.drafts_for(r, k_step, draw)
-                n = 1 + drafts
-                if n > budget - ds:
-                    n = budget - ds
-                    drafts = n - 1
+                if speculative:
+                    draw = decoding.acceptance_draw(r)
+                    drafts = decoding.drafts_for(r, k_step, draw)
+                    n = 1 + drafts
+                    if n > budget - ds:
+                        n = budget - ds
+                        drafts = n - 1
+                else:
+                    n = 1
             else:
                 n = prompt[r] + gen[r] - computed[r]
                 if n > budget - ds:
@@ -635,7 +649,7 @@ class Engine:
                     if not n:  # vLLM skips it (``continue``) and schedules the requests after it
                         idx += 1
                         continue
-            inflight = self.rejected_drafts[r] if asynchronous and self.rejected_at_step[r] == step - 1 else 0
+            inflight = self.rejected_drafts[r] if inflight_drafts and self.rejected_at_step[r] == step - 1 else 0
             free, count, stop = self._make_room(order, r, -(-(computed[r] + inflight + n + lookahead) // bs), free)
             preempted += count
             if stop:
@@ -669,9 +683,13 @@ class Engine:
                 if c + n == prompt[r] + gen[r]:
                     logits += 1
                     num_sampled += 1
-        k_new = decoding.k_for_next_step(len(sched))
-        t1 = self._advance(self.step_time.step_subps(tokens, logits, kv, pairs, len(sched))
-                           + decoding.drafter_subps(tokens, num_sampled, k_new, kv))
+        duration_subps = self.step_time.step_subps(tokens, logits, kv, pairs, len(sched))
+        if speculative:
+            k_new = decoding.k_for_next_step(len(sched))
+            duration_subps += decoding.drafter_subps(tokens, num_sampled, k_new, kv)
+        else:
+            k_new = 0
+        t1 = self._advance(duration_subps)
         duration = t1 - t0
         used = self.total_blocks - free
         if self.tracer is not None:
@@ -685,10 +703,14 @@ class Engine:
             if zombies and r in zombies:
                 continue
             if decode_ready[r] and c == prompt[r] + gen[r] - 1:
-                accepted = min(drafts, k_step, draw) if draw > 0 else 0
-                decoding.record_round(r, drafts, accepted)
-                self.rejected_drafts[r], self.rejected_at_step[r] = drafts - accepted, step
-                emitted = min(1 + accepted, out_tokens[r] - gen[r])
+                if speculative:
+                    accepted = min(drafts, k_step, draw) if draw > 0 else 0
+                    decoding.record_round(r, drafts, accepted)
+                    self.rejected_drafts[r], self.rejected_at_step[r] = drafts - accepted, step
+                    emitted = min(1 + accepted, out_tokens[r] - gen[r])
+                else:
+                    accepted = 0
+                    emitted = 1
                 if last_emit[r] == t0:
                     itl += 1
                 else:
@@ -1156,8 +1178,11 @@ class Engine:
         16`` ps after, ``m = j + 1``, evaluated as whole and sub-picosecond parts of ``d0`` and ``inc`` so
         that nothing overflows int64; the steps of a run summed step by step end where it recorded.
         """
-        row = np.repeat(np.arange(steps.shape[0], dtype=np.int64), steps)
         first = np.cumsum(steps) - steps
+        if not self.closed_runs:  # single steps (their duration) and runs summed step by step (filled below)
+            ends = np.repeat(duration, steps)
+            return Engine._fill_summed(ends, steps, first, self.summed_runs_row, self.summed_runs_ends)
+        row = np.repeat(np.arange(steps.shape[0], dtype=np.int64), steps)
         m = np.arange(1, row.shape[0] + 1, dtype=np.int64) - np.repeat(first, steps)
         tri = m * (m - 1) // 2
         runs, remainder, first_subps, increment_subps = np.asarray(self.closed_runs, dtype=np.int64).reshape(-1, 4).T
@@ -1175,12 +1200,18 @@ class Engine:
             whole_inc[runs], part_inc[runs] = increment_subps >> SUBPS_BITS, increment_subps & SUBPS_MASK
             ends = (m * whole_d0[row] + tri * whole_inc[row]
                     + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
-        if self.summed_runs_row:
-            summed = np.asarray(self.summed_runs_row, dtype=np.int64)
+        return Engine._fill_summed(ends, steps, first, self.summed_runs_row, self.summed_runs_ends)
+
+    @staticmethod
+    def _fill_summed(ends: np.ndarray, steps: np.ndarray, first: np.ndarray, rows: list[int], recorded: list) -> np.ndarray:
+        """``ends`` (int64 (S,)) with the steps of the runs summed step by step (their ``rows``) set to their
+        ``recorded`` ends (``first``: each row's first step in ``ends``)."""
+        if rows:
+            summed = np.asarray(rows, dtype=np.int64)
             lengths = steps[summed]
             positions = (np.repeat(first[summed] - (np.cumsum(lengths) - lengths), lengths)
                          + np.arange(int(lengths.sum()), dtype=np.int64))
-            ends[positions] = np.concatenate([np.asarray(e, dtype=np.int64) for e in self.summed_runs_ends])
+            ends[positions] = np.concatenate([np.asarray(e, dtype=np.int64) for e in recorded])
         return ends
 
     def output(self) -> EngineOutput:
