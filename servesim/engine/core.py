@@ -826,12 +826,21 @@ class Engine:
             return
         zombies = None
         if self.finishing:
-            if self.partial is not None or new_blocks > self.free_blocks:
+            # async: requests that finished in the previous step still run (their blocks held, vLLM skips
+            # them, or schedules them once more when it did not know they would finish). Skipped ones
+            # allocate nothing, so the aggregate takes the step, preemptions included (they are victims in
+            # running order like the others, see _preempt_aggregated). Repeated ones allocate in running
+            # order between the decoders: the aggregate takes the step only when every decoder and every
+            # repeated request fits the budget and the free blocks, so that only the partial prefill, the
+            # last running request, can be preempted (by its own failed allocation)
+            if not self.num_unsure_finishing:
+                zombies = {}
+            elif new_blocks > self.free_blocks:
                 zombies = None
             else:
-                zombies = self._zombies(budget, new_blocks) if self.num_unsure_finishing else {}
+                zombies = self._zombies(budget, new_blocks)
             if zombies is None:
-                self.fallback()  # async: preemption victims, a prefill chunk or a short budget next to finished requests
+                self.fallback()
                 return
         if not zombies and self.partial is None and num_decoders and new_blocks <= self.free_blocks:
             blocked, head_tokens = self.head_blocked(self.free_blocks - new_blocks, budget)
@@ -937,8 +946,16 @@ class Engine:
         if new_blocks > free:
             # Step mode frees each victim when the pool is empty, so every block free before it is taken
             # first; freeing the victims before the decoders' allocations leaves the same queue.
+            finishing = self.finishing
             for v in list(reversed(self.running)):
                 if v == p:
+                    continue
+                if v in finishing:  # async: finished in the previous step, skipped (it allocates nothing)
+                    self.free_blocks = free
+                    free += self._preempt(v)
+                    preempted += 1
+                    if new_blocks <= free:
+                        break
                     continue
                 last = self.stale.pop(v, now)
                 new_blocks -= decoding.need_at(v, g)
@@ -965,6 +982,7 @@ class Engine:
         p = self.partial
         ds = self.draft_slots
         zombie_tokens = sum(tokens + ds for tokens, _, _ in zombies.values()) if zombies else 0
+        zombie_blocks = sum(need for _, _, need in zombies.values()) if zombies else 0
         budget -= zombie_tokens
         n_partial = need_partial = 0
         partial_scheduled = p is not None and budget > ds
@@ -975,8 +993,10 @@ class Engine:
                 partial_scheduled = n_partial > 0
             need_partial = max(-(-(computed[p] + n_partial + lookahead) // bs) - blocks[p], 0)
         preempted = 0
-        if new_blocks + (need_partial if partial_scheduled else 0) > self.free_blocks:
-            preempted, partial_scheduled = self._preempt_aggregated(g, new_blocks, need_partial, partial_scheduled)
+        if new_blocks + zombie_blocks + (need_partial if partial_scheduled else 0) > self.free_blocks:
+            # the decoders and the repeated finished requests allocate before the partial prefill
+            preempted, partial_scheduled = self._preempt_aggregated(g, new_blocks + zombie_blocks, need_partial,
+                                                                    partial_scheduled)
             new_blocks = decoding.new_blocks_at(g)
         num_decoders = decoding.num_decoders
         decode_tokens, ctx, pairs = decoding.sums_at(g)
