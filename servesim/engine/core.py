@@ -826,19 +826,11 @@ class Engine:
             return
         zombies = None
         if self.finishing:
-            # async: requests that finished in the previous step still run (their blocks held, vLLM skips
-            # them, or schedules them once more when it did not know they would finish). Skipped ones
-            # allocate nothing, so the aggregate takes the step, preemptions included (they are victims in
-            # running order like the others, see _preempt_aggregated). Repeated ones allocate in running
-            # order between the decoders: the aggregate takes the step only when every decoder and every
-            # repeated request fits the budget and the free blocks, so that only the partial prefill, the
-            # last running request, can be preempted (by its own failed allocation)
-            if not self.num_unsure_finishing:
-                zombies = {}
-            elif new_blocks > self.free_blocks:
-                zombies = None
-            else:
-                zombies = self._zombies(budget, new_blocks)
+            # async: requests that finished in the previous step still run (their blocks held), and vLLM
+            # skips them, or schedules them once more when it did not know they would finish. The aggregate
+            # takes the step, preemptions included (they are victims in running order like the decoders,
+            # see _preempt_aggregated), unless the repeated ones do not all fit the token budget
+            zombies = self._zombies(budget) if self.num_unsure_finishing else {}
             if zombies is None:
                 self.fallback()
                 return
@@ -882,14 +874,14 @@ class Engine:
         # the head takes its own drafting slots (draft models) out of what the decoders leave
         return budget <= ds or (not self.enable_chunked_prefill and left > budget - ds), left
 
-    def _zombies(self, budget: int, new_blocks: int) -> dict | None:
+    def _zombies(self, budget: int) -> dict | None:
         """Async scheduling, run mode: the requests that finished in the previous step without vLLM knowing
         they would, which it schedules once more (``1 + k`` tokens, output discarded): request -> (tokens,
-        drafts, new KV blocks). None when they do not all fit whole in the budget and the free blocks
-        (then the step needs vLLM's per-request order: an exact step)."""
+        drafts, new KV blocks). None when they do not all fit whole in the token ``budget`` the decoders
+        leave (then the step needs vLLM's per-request order: an exact step); blocks that do not fit are
+        found by the step's preemption (:meth:`_preempt_aggregated`)."""
         out = {}
         k_step, ds, bs, step = self.decoding.k, self.draft_slots, self.block_size, self.step_index
-        free = self.free_blocks - new_blocks
         for r, sure in self.finishing.items():
             if sure or r not in self.running:
                 continue
@@ -898,8 +890,7 @@ class Engine:
             need = max(-(-(self.num_computed[r] + inflight + 1 + drafts + self.lookahead_slots) // bs)
                        - self.num_blocks[r], 0)
             budget -= 1 + drafts + ds
-            free -= need
-            if budget < 0 or free < 0:
+            if budget < 0:
                 return None
             out[r] = (1 + drafts, drafts, need)
         return out
@@ -920,13 +911,17 @@ class Engine:
             self.last_emit_ps[r] = t1
             self._finish(r, t1, sure)
 
-    def _preempt_aggregated(self, g: int, new_blocks: int, need_partial: int, partial_scheduled: bool) -> tuple[int, bool]:
+    def _preempt_aggregated(self, g: int, new_blocks: int, need_partial: int, partial_scheduled: bool,
+                            zombies: dict | None = None) -> tuple[int, bool]:
         """vLLM's preemption when the step's allocations do not fit, on the aggregate.
 
-        Decoders allocate in admission order and the partial prefill (always last) after them; whenever an
-        allocation fails the LAST running request is preempted. So the victims are a suffix of the running
-        order: the partial prefill first (if the decoders alone do not fit, or it does not fit after them),
-        then decoders from the most recently admitted, until the remaining decoders' new blocks fit.
+        Decoders (and, under async scheduling, the finished requests scheduled once more, ``zombies``,
+        which this removes when they are victims) allocate in admission order and the partial prefill
+        (always last) after them; whenever an allocation fails the LAST running request is preempted. So
+        the victims are a suffix of the running order: the partial prefill first (if the others alone do
+        not fit, or it does not fit after them), then from the most recently admitted (finished requests
+        that vLLM skips allocate nothing but are victims too), until the remaining new blocks
+        (``new_blocks``, the decoders' and the zombies') fit.
 
         Returns:
             (preempted count, partial still scheduled).
@@ -950,7 +945,10 @@ class Engine:
             for v in list(reversed(self.running)):
                 if v == p:
                     continue
-                if v in finishing:  # async: finished in the previous step, skipped (it allocates nothing)
+                if v in finishing:  # async: finished in the previous step, skipped or scheduled once more
+                    if zombies and v in zombies:
+                        _, _, need = zombies.pop(v)
+                        new_blocks -= need
                     self.free_blocks = free
                     free += self._preempt(v)
                     preempted += 1
@@ -996,7 +994,7 @@ class Engine:
         if new_blocks + zombie_blocks + (need_partial if partial_scheduled else 0) > self.free_blocks:
             # the decoders and the repeated finished requests allocate before the partial prefill
             preempted, partial_scheduled = self._preempt_aggregated(g, new_blocks + zombie_blocks, need_partial,
-                                                                    partial_scheduled)
+                                                                    partial_scheduled, zombies)
             new_blocks = decoding.new_blocks_at(g)
         num_decoders = decoding.num_decoders
         decode_tokens, ctx, pairs = decoding.sums_at(g)
