@@ -1224,18 +1224,16 @@ class Engine:
     def _fill_summed(ends: np.ndarray, steps: np.ndarray, first: np.ndarray, rows: list[int], recorded: list) -> np.ndarray:
         """``ends`` (int64 (S,)) with the steps of the runs summed step by step (their ``rows``) set to their
         ``recorded`` ends (``first``: each row's first step in ``ends``)."""
-        if rows:
-            summed = np.asarray(rows, dtype=np.int64)
-            lengths = steps[summed]
-            positions = (np.repeat(first[summed] - (np.cumsum(lengths) - lengths), lengths)
-                         + np.arange(int(lengths.sum()), dtype=np.int64))
-            ends[positions] = np.concatenate([np.asarray(e, dtype=np.int64) for e in recorded])
+        starts = first[np.asarray(rows, dtype=np.int64)].tolist() if rows else []
+        for start, run_ends in zip(starts, recorded):  # one slice each: no temporaries of the log's size
+            ends[start: start + len(run_ends)] = run_ends
         return ends
 
     def output(self) -> EngineOutput:
         """The engine's records as arrays in seconds (call after the SimPy run)."""
         if self.mode == "run" and (self.decoding.num_decoders or self.partial is not None):
             self._materialize()
+        spec_counters = self.decoding.counters()  # before the logs' arrays exist (its temporaries are large)
         s = float(PS_PER_S)
 
         def secs(values):
@@ -1289,6 +1287,6 @@ class Engine:
             kv_blocks_total=self.total_blocks,
             block_size=self.block_size,
             end_s=self.now / s,
-            spec_counters=self.decoding.counters(),
+            spec_counters=spec_counters,
             prefix_cache=dataclasses.asdict(self.prefix_cache_stats) if self.prefix_caching else {},
         )

@@ -9,6 +9,8 @@ are the decoders whose ``context_base mod block_size`` equals ``(1 - g) mod bloc
 
 from __future__ import annotations
 
+import weakref
+
 from servesim.engine.step_rows import KV_BLOCK_PS_MAX, StepRow
 from servesim.roofline import SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS
 
@@ -30,7 +32,9 @@ class PlainDecoding:
     k = 0  # drafts per round of the aggregated decoders
 
     def __init__(self, engine) -> None:
-        self.engine = engine
+        # a weak reference: the engine owns its strategy, and without a cycle it is freed as soon as its
+        # run's output is taken (its logs are the largest objects of a run)
+        self.engine = weakref.proxy(engine)
         num_requests = engine.num_requests
         block_size = engine.block_size
         self.num_decoders = 0

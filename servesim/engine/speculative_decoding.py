@@ -48,6 +48,8 @@ Counters follow ``vllm/v1/spec_decode/metrics.py``: per request per step with at
 """
 from __future__ import annotations
 
+import weakref
+
 from dataclasses import dataclass
 
 import numpy as np
@@ -159,7 +161,9 @@ class SpeculativeDecoding:
     speculative = True
 
     def __init__(self, engine, spec: SpecSetup) -> None:
-        self.engine = engine
+        # a weak reference: the engine owns its strategy, and without a cycle it is freed as soon as its
+        # run's output is taken (its logs are the largest objects of a run)
+        self.engine = weakref.proxy(engine)
         self.spec = spec
         num_requests = engine.num_requests
         self.num_speculative_tokens = K = spec.schedule.K
