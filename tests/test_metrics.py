@@ -26,6 +26,7 @@ from servesim.metrics import (
     spec_decode_summary,
     summarize,
     to_dataframes,
+    percentiles,
     weighted_percentiles,
     write_outputs,
 )
@@ -108,6 +109,22 @@ def test_weighted_percentiles_large_sample_bitwise():
     q = [0, 1, 25, 50, 90, 95, 99, 99.9, 100]
     np.testing.assert_array_equal(weighted_percentiles(values, weights, q),
                                   np.percentile(np.repeat(values, weights), q))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
+       st.lists(st.floats(0.0, 100.0), min_size=1, max_size=8))
+def test_percentiles_equal_numpy_percentile(values, q):
+    np.testing.assert_array_equal(percentiles(np.array(values), q), np.percentile(np.array(values), q))
+
+
+def test_percentiles_large_sample_bitwise():
+    rng = np.random.default_rng(np.random.SeedSequence(8))
+    values = np.concatenate([rng.lognormal(-3, 1, 30_001), np.round(rng.gamma(2.0, 0.01, 9_999), 4)])
+    q = [0, 1, 25, 50, 90, 95, 99, 99.9, 100]
+    np.testing.assert_array_equal(percentiles(values, q), np.percentile(values, q))
+    with pytest.raises(ValueError):
+        percentiles(np.array([]), [50])
 
 
 def test_weighted_percentiles_rejects_bad_input():
