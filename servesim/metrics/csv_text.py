@@ -76,9 +76,10 @@ def _group_values(x: np.ndarray, groups: int) -> list[np.ndarray]:
 
 
 def _integer_chars(x: np.ndarray, width: int) -> np.ndarray:
-    """(n, 4*ceil(width/4)) characters of non-negative whole ``x`` < 10**width, leading zeros blanked.
+    """(n, max(width, 1)) characters of non-negative whole ``x`` < 10**width, leading zeros blanked.
 
-    Zero is written as ``0``.
+    Zero is written as ``0``. (The digit groups fill 4*ceil(width/4) columns; those left of ``width`` are
+    blank in every row and are left out, so that less padding is copied and dropped.)
     """
     groups = max(-(-width // 4), 1)
     out = np.empty((x.shape[0], groups), dtype=np.uint32)
@@ -88,7 +89,7 @@ def _integer_chars(x: np.ndarray, width: int) -> np.ndarray:
         leading &= v == 0
     chars = out.view(np.uint8)
     chars[:, -1] |= leading.view(np.uint8) * np.uint8(_ZERO)  # x == 0 -> "0"
-    return chars
+    return chars[:, 4 * groups - max(width, 1):]
 
 
 def _fraction_chars(x: np.ndarray, digits: int) -> np.ndarray:
@@ -341,8 +342,9 @@ def _exact_float_parts(x: np.ndarray) -> list[np.ndarray]:
     magnitude = np.where(on_grid, np.abs(ps), 0.0).astype(np.int64)
     whole = magnitude // _PS_PER_S
     fraction = (magnitude - whole * _PS_PER_S).astype(np.float64)  # 12 digits, exact in float64
-    parts = [(on_grid & (x < 0)).view(np.uint8)[:, None] * np.uint8(_MINUS),
-             _integer_chars(whole.astype(np.float64), _width(int(whole.max()) if whole.size else 0)),
+    negative = on_grid & (x < 0)
+    parts = [negative.view(np.uint8)[:, None] * np.uint8(_MINUS)] if negative.any() else []
+    parts += [_integer_chars(whole.astype(np.float64), _width(int(whole.max()) if whole.size else 0)),
              (fraction != 0).view(np.uint8)[:, None] * np.uint8(_DOT),
              _fraction_chars(fraction, 12)]
     off = ~on_grid & ~np.isnan(x)
