@@ -339,6 +339,8 @@ def _exact_float_parts(x: np.ndarray) -> list[np.ndarray]:
         ps = np.rint(x * float(_PS_PER_S))
         on_grid = np.isfinite(ps) & (np.abs(ps) < _PS_LIMIT) & (ps / float(_PS_PER_S) == x)
     on_grid &= ~np.isnan(x)
+    if not on_grid.any():  # a latency column (differences of times): no exact picosecond to write
+        return [_shortest_chars(x)]
     magnitude = np.where(on_grid, np.abs(ps), 0.0).astype(np.int64)
     whole = magnitude // _PS_PER_S
     fraction = (magnitude - whole * _PS_PER_S).astype(np.float64)  # 12 digits, exact in float64
