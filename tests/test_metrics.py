@@ -156,6 +156,24 @@ def test_expanded_durations_sum_to_row_duration():
     np.testing.assert_allclose(np.bincount(row, weights=durations), steps.duration_s, rtol=1e-12)
 
 
+def test_expanding_selected_rows_by_mask_or_index_gives_each_steps_own_duration():
+    """With exact per-step durations (as the engine gives), the rows a bool mask selects expand to their
+    own steps' durations, in order; the same as selecting them by index."""
+    rng = np.random.default_rng(np.random.SeedSequence(4))
+    counts = rng.integers(1, 6, 40)
+    steps = make_steps([dict(start_s=float(k), num_steps=int(n), first_step_s=0.5, step_increment_s=0.0)
+                        for k, n in enumerate(counts)])
+    steps.durations_s = rng.integers(1, 10**9, int(counts.sum())) / 1e12
+    mask = rng.random(40) < 0.5
+    by_mask, row_mask = expand_step_durations(steps, mask)
+    by_index, row_index = expand_step_durations(steps, np.flatnonzero(mask))
+    owner = np.repeat(np.arange(40), counts)
+    np.testing.assert_array_equal(by_mask, steps.durations_s[mask[owner]])
+    np.testing.assert_array_equal(by_mask, by_index)
+    np.testing.assert_array_equal(row_mask, owner[mask[owner]])
+    np.testing.assert_array_equal(row_index, row_mask)
+
+
 def test_itl_multiset_is_steps_repeated_plus_extra():
     values, weights = itl_samples(small_output())
     expanded = np.sort(np.repeat(values, weights))
