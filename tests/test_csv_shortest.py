@@ -77,3 +77,13 @@ def test_the_digit_group_table_is_the_formatted_groups():
     expected = (b"".join(text) + b"".join(t.lstrip(b"0").rjust(4, b"\0") for t in text)
                 + b"".join(t.rstrip(b"0").ljust(4, b"\0") for t in text))
     assert _GROUPS32.tobytes() == expected
+
+
+def test_without_a_wide_long_double_every_value_goes_to_repr(monkeypatch):
+    """Where numpy's long double is plain double (Windows, macOS on ARM), the exact path is off."""
+    import servesim.metrics.csv_text as csv_text
+
+    monkeypatch.setattr(csv_text, "_WIDE_LONG_DOUBLE", False)
+    x = _cases()["differences of picosecond times (the TTFT column)"][:500]
+    assert not csv_text.shortest_digits(x)[2].any()
+    assert _texts(csv_text._shortest_chars(x)) == _texts(_fallback_chars(x))
