@@ -9,7 +9,11 @@ fresh ``python -c "import numpy"`` and of a fixed pure-Python loop, each timed b
 variant's repeats), since absolute times on a shared machine drift by +-30% (issue 13, item 1). Targets
 (issue 13): 0.6 s at 1x and 4x, 1.0 s with EAGLE k=3, 150 MB.
 
-    python benchmarks/bench_azure.py [--repeats 5] [--spec] [--json FILE]
+    python benchmarks/bench_azure.py [--repeats 5] [--spec] [--compile-bytecode] [--json FILE]
+
+``--compile-bytecode`` first writes servesim's cached bytecode (``compileall``; an installed wheel has
+it): with ``PYTHONDONTWRITEBYTECODE=1`` and an editable install, as on this project's machines, every run
+otherwise compiles servesim's modules from source. The header says which case was measured.
 
 A developer runs it before and after a change and compares the ratios. This is a benchmark, not a test:
 it prints figures, it asserts nothing (CI does not time it).
@@ -21,7 +25,7 @@ import argparse
 import statistics
 import tempfile
 
-from benchlib import ROOT, References, machine, ratios, run_child, servesim_command, write_json
+from benchlib import ROOT, References, compile_bytecode, machine, ratios, run_child, servesim_command, write_json
 
 CONFIG = ROOT / "experiments" / "azure-conv-llama8b-h100.yaml"
 REQUESTS = 19_366
@@ -32,13 +36,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--spec", action="store_true", help="also time EAGLE k=3 speculative decoding")
     parser.add_argument("--json", metavar="FILE", help="also write the figures as JSON")
+    parser.add_argument("--compile-bytecode", action="store_true",
+                        help="write servesim's cached bytecode first (as an installed wheel has it)")
     args = parser.parse_args()
+    if args.compile_bytecode:
+        compile_bytecode()
     variants = [(1.0, False), (4.0, False)] + ([(1.0, True), (4.0, True)] if args.spec else [])
     refs = References()
     figures: dict = {"benchmark": "bench_azure", "config": str(CONFIG.relative_to(ROOT)), "requests": REQUESTS,
                      "repeats": args.repeats, "machine": machine(), "runs": []}
     print(f"servesim run --no-plot, Azure conversation trace ({REQUESTS:,} requests), "
-          f"{figures['machine']['cpus']} CPUs, load {figures['machine']['load_average_1min']:.2f}")
+          f"{figures['machine']['cpus']} CPUs, load {figures['machine']['load_average_1min']:.2f}, servesim bytecode "
+          + ("cached" if figures["machine"]["bytecode_cached"] else "not cached (every run compiles it)"))
     print(f"{'rate':>5} {'speculation':>12} {'wall s (median)':>16} {'range':>13} {'requests / wall s':>18} "
           f"{'peak MB':>8} {'/ import numpy':>15} {'/ loop':>7}")
     for rate, spec in variants:

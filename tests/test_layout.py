@@ -104,6 +104,9 @@ def _top_level_names(path: Path) -> set[str]:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                # a package that loads its names on first use (PEP 562) exports them through __all__
+                names |= {e.value for e in getattr(node.value, "elts", ()) if isinstance(e, ast.Constant)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}
     return names
@@ -169,12 +172,26 @@ def _loaded(prefix: str, modules: set[str]) -> bool:
     return any(m == prefix or m.startswith(prefix + ".") for m in modules)
 
 
+def test_lazy_package_names_all_load():
+    """``servesim.workload`` loads its names on first use: each one in ``__all__`` resolves, and importing
+    the package alone loads none of its submodules."""
+    code = ("import json, sys, servesim.workload as w; before = sorted(m for m in sys.modules if m.startswith('servesim.workload.'));"
+            "missing = [n for n in w.__all__ if getattr(w, n, None) is None]; print(json.dumps([before, missing]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    before, missing = json.loads(done.stdout)
+    assert before == [] and missing == []
+
+
 def test_run_without_plot_imports_only_what_the_run_needs(tmp_path):
     loaded = _run_imports(tmp_path, "--no-plot")
     assert {"servesim.cli.run", "servesim.wiring", "servesim.engine.core", "numpy", "pydantic"} <= loaded
     assert [m for m in NOT_ON_THE_RUN_PATH if _loaded(m, loaded)] == []
     # the config has no speculative_config; the next test, with one, sees the same check find the package
     assert not _loaded("servesim.speculation", loaded)
+    # an Azure trace replay loads neither the other trace parser nor the generators it does not use
+    unused = ("servesim.workload.mooncake", "servesim.workload.multi_turn", "servesim.workload.arrival_processes",
+              "servesim.workload.content")
+    assert [m for m in unused if m in loaded] == []
 
 
 def test_run_with_speculation_imports_the_runtime_model_only(tmp_path):

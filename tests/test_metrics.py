@@ -26,6 +26,7 @@ from servesim.metrics import (
     spec_decode_summary,
     summarize,
     to_dataframes,
+    percentiles,
     weighted_percentiles,
     write_outputs,
 )
@@ -110,6 +111,22 @@ def test_weighted_percentiles_large_sample_bitwise():
                                   np.percentile(np.repeat(values, weights), q))
 
 
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=1, max_size=60),
+       st.lists(st.floats(0.0, 100.0), min_size=1, max_size=8))
+def test_percentiles_equal_numpy_percentile(values, q):
+    np.testing.assert_array_equal(percentiles(np.array(values), q), np.percentile(np.array(values), q))
+
+
+def test_percentiles_large_sample_bitwise():
+    rng = np.random.default_rng(np.random.SeedSequence(8))
+    values = np.concatenate([rng.lognormal(-3, 1, 30_001), np.round(rng.gamma(2.0, 0.01, 9_999), 4)])
+    q = [0, 1, 25, 50, 90, 95, 99, 99.9, 100]
+    np.testing.assert_array_equal(percentiles(values, q), np.percentile(values, q))
+    with pytest.raises(ValueError):
+        percentiles(np.array([]), [50])
+
+
 def test_weighted_percentiles_rejects_bad_input():
     with pytest.raises(ValueError):
         weighted_percentiles(np.array([1.0]), np.array([0]), [50])
@@ -137,6 +154,24 @@ def test_expanded_durations_sum_to_row_duration():
     steps = make_steps(rows)
     durations, row = expand_step_durations(steps)
     np.testing.assert_allclose(np.bincount(row, weights=durations), steps.duration_s, rtol=1e-12)
+
+
+def test_expanding_selected_rows_by_mask_or_index_gives_each_steps_own_duration():
+    """With exact per-step durations (as the engine gives), the rows a bool mask selects expand to their
+    own steps' durations, in order; the same as selecting them by index."""
+    rng = np.random.default_rng(np.random.SeedSequence(4))
+    counts = rng.integers(1, 6, 40)
+    steps = make_steps([dict(start_s=float(k), num_steps=int(n), first_step_s=0.5, step_increment_s=0.0)
+                        for k, n in enumerate(counts)])
+    steps.durations_s = rng.integers(1, 10**9, int(counts.sum())) / 1e12
+    mask = rng.random(40) < 0.5
+    by_mask, row_mask = expand_step_durations(steps, mask)
+    by_index, row_index = expand_step_durations(steps, np.flatnonzero(mask))
+    owner = np.repeat(np.arange(40), counts)
+    np.testing.assert_array_equal(by_mask, steps.durations_s[mask[owner]])
+    np.testing.assert_array_equal(by_mask, by_index)
+    np.testing.assert_array_equal(row_mask, owner[mask[owner]])
+    np.testing.assert_array_equal(row_index, row_mask)
 
 
 def test_itl_multiset_is_steps_repeated_plus_extra():

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servesim.workload import WorkloadConfig
+from servesim.workload.config import WorkloadConfig
 
 
 class _Strict(BaseModel):

@@ -11,7 +11,7 @@ from __future__ import annotations
 from servesim.metrics.frames import to_dataframes
 from servesim.metrics.latencies import request_latencies
 from servesim.metrics.outputs import REQUEST_COLUMNS, STEP_COLUMNS, write_outputs
-from servesim.metrics.percentiles import distribution_stats, weighted_percentiles
+from servesim.metrics.percentiles import distribution_stats, percentiles, weighted_percentiles
 from servesim.metrics.saturation import Saturation, detect_saturation
 from servesim.metrics.steps import expand_step_durations, itl_samples
 from servesim.metrics.summary import spec_decode_summary, summarize
@@ -25,6 +25,7 @@ __all__ = [
     "expand_step_durations",
     "format_summary_table",
     "itl_samples",
+    "percentiles",
     "request_latencies",
     "detect_saturation",
     "spec_decode_summary",

@@ -30,12 +30,16 @@ def expand_step_durations(steps: StepLog, rows: np.ndarray | None = None) -> tup
         index = index[rows]
     counts = np.asarray(steps.num_steps, dtype=np.int64)[index]
     row = np.repeat(index, counts)
-    first = np.cumsum(counts) - counts  # position of each row's first step in the expansion
-    i = np.arange(row.shape[0], dtype=np.int64) - np.repeat(first, counts)
     if steps.durations_s is not None:
         exact = np.asarray(steps.durations_s, dtype=np.float64)
         if rows is None:
             return exact, row
+        rows = np.asarray(rows)
+        if rows.dtype == bool:  # the selected rows' steps, in order: one mask over the steps
+            return exact[np.repeat(rows, np.asarray(steps.num_steps, dtype=np.int64))], row
+    first = np.cumsum(counts) - counts  # position of each row's first step in the expansion
+    i = np.arange(row.shape[0], dtype=np.int64) - np.repeat(first, counts)
+    if steps.durations_s is not None:
         starts = np.cumsum(np.asarray(steps.num_steps, dtype=np.int64)) - np.asarray(steps.num_steps, dtype=np.int64)
         return exact[np.repeat(starts[index], counts) + i], row
     # The engine's clock is integer picoseconds: rebuild each step's exact integer duration before

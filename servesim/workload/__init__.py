@@ -18,35 +18,38 @@ Public API::
 
 from __future__ import annotations
 
-from servesim.workload.arrival_processes import gamma_arrivals, poisson_arrivals, renewal_arrivals
-from servesim.workload.build import build_workload, load_workload, load_workload_config
-from servesim.workload.config import (
-    ClosedLoopWorkloadConfig,
-    GammaWorkloadConfig,
-    MultiTurnWorkloadConfig,
-    PoissonWorkloadConfig,
-    TraceWorkloadConfig,
-    WorkloadConfig,
-)
-from servesim.workload.lengths import (
-    EmpiricalLength,
-    EmpiricalLengthConfig,
-    EmpiricalPairs,
-    EmpiricalPairsConfig,
-    FixedLength,
-    FixedLengthConfig,
-    LengthConfig,
-    LengthDistribution,
-    LognormalLength,
-    LognormalLengthConfig,
-    UniformLength,
-    UniformLengthConfig,
-)
-from servesim.workload.content import SequenceContent
-from servesim.workload.rawtrace import RawTrace
-from servesim.workload.system_prompts import SystemPromptsConfig, zipf_popularity
-from servesim.workload.trace import load_trace, read_trace
-from servesim.workload.workload import Sessions, TraceMeta, Workload
+from importlib import import_module
+
+# name -> submodule. The names load on first use (PEP 562), so that importing one submodule (the run
+# config needs ``servesim.workload.config`` only) does not import the trace parsers and every generator.
+_SOURCES: dict[str, str] = {
+    **dict.fromkeys(("gamma_arrivals", "poisson_arrivals", "renewal_arrivals"), "arrival_processes"),
+    **dict.fromkeys(("build_workload", "load_workload", "load_workload_config"), "build"),
+    **dict.fromkeys(("ClosedLoopWorkloadConfig", "GammaWorkloadConfig", "MultiTurnWorkloadConfig",
+                     "PoissonWorkloadConfig", "TraceWorkloadConfig", "WorkloadConfig"), "config"),
+    **dict.fromkeys(("EmpiricalLength", "EmpiricalLengthConfig", "EmpiricalPairs", "EmpiricalPairsConfig",
+                     "FixedLength", "FixedLengthConfig", "LengthConfig", "LengthDistribution", "LognormalLength",
+                     "LognormalLengthConfig", "UniformLength", "UniformLengthConfig"), "lengths"),
+    "SequenceContent": "content",
+    "RawTrace": "rawtrace",
+    **dict.fromkeys(("SystemPromptsConfig", "zipf_popularity"), "system_prompts"),
+    **dict.fromkeys(("load_trace", "read_trace"), "trace"),
+    **dict.fromkeys(("Sessions", "TraceMeta", "Workload"), "workload"),
+}
+
+
+def __getattr__(name: str):
+    module = _SOURCES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'servesim.workload' has no attribute {name!r}")
+    value = getattr(import_module(f"servesim.workload.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SOURCES))
+
 
 __all__ = [
     "ClosedLoopWorkloadConfig",

@@ -8,7 +8,6 @@ import numpy as np
 from pydantic import RootModel
 
 from servesim.input_files import load_yaml, validate
-from servesim.workload.arrival_processes import gamma_arrivals, poisson_arrivals
 from servesim.workload.config import (
     ClosedLoopWorkloadConfig,
     GammaWorkloadConfig,
@@ -20,7 +19,6 @@ from servesim.workload.config import (
 )
 from servesim.errors import TraceError
 from servesim.workload.lengths import resolve_path
-from servesim.workload.multi_turn import build_multi_turn
 from servesim.workload.system_prompts import draw_system_prompts, prepend_system_prompts
 from servesim.workload.trace import load_trace
 from servesim.workload.workload import Workload
@@ -66,6 +64,8 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
         TraceError: a trace file (replayed or resampled) is missing or malformed, or a window is empty.
     """
     if isinstance(cfg, MultiTurnWorkloadConfig):
+        from servesim.workload.multi_turn import build_multi_turn  # imported when used (start-up time)
+
         return build_multi_turn(cfg, rng, base_dir)
     workload = _build_requests(cfg, rng, base_dir)
     if cfg.system_prompts is not None:
@@ -90,6 +90,8 @@ def _build_requests(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Pat
         if cfg.hash_ids and workload.content is None:
             raise TraceError(f"{path}: hash_ids: true, but not every row of the file has hash_ids")
         return workload
+    from servesim.workload.arrival_processes import gamma_arrivals, poisson_arrivals
+
     arrival_rng, prompt_rng, output_rng = rng.spawn(3)
     if isinstance(cfg, ClosedLoopWorkloadConfig):
         n = cfg.num_requests

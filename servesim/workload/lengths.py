@@ -27,7 +27,6 @@ from typing import Annotated, Literal, Protocol, Union
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from servesim.workload.trace import read_trace
 
 TraceFormat = Literal["auto", "azure", "mooncake"]
 
@@ -333,6 +332,8 @@ class EmpiricalLengthConfig(_LengthBase):
     column: Literal["prompt", "output"] = Field(description="which token column to resample")
 
     def build(self, base_dir: Path | None = None) -> EmpiricalLength:
+        from servesim.workload.trace import read_trace  # the trace parsers load only when a file is read
+
         raw = read_trace(resolve_path(self.path, base_dir), self.format)
         col = raw.prompt_tokens if self.column == "prompt" else raw.output_tokens
         values = np.clip(col, self._lo(), self.max)
@@ -360,6 +361,8 @@ class EmpiricalPairsConfig(BaseModel):
     format: TraceFormat = "auto"
 
     def build(self, base_dir: Path | None = None) -> EmpiricalPairs:
+        from servesim.workload.trace import read_trace
+
         raw = read_trace(resolve_path(self.path, base_dir), self.format)
         return EmpiricalPairs(
             np.maximum(raw.prompt_tokens, 1),

@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
 
-from servesim.workload.content import NAMESPACE_SYSTEM_PROMPT, SequenceContent, content_id
 from servesim.workload.lengths import LengthConfig
 from servesim.workload.workload import Workload
 
@@ -133,6 +132,8 @@ def prepend_system_prompts(workload: Workload, draw: SystemPromptDraw, unit: np.
         A new Workload: prompts longer by their system prompt's tokens, ``content`` with the shared first
         segment, the description extended.
     """
+    from servesim.workload.content import NAMESPACE_SYSTEM_PROMPT, SequenceContent, content_id
+
     units = np.arange(len(workload), dtype=np.int64) if unit is None else unit
     extra = draw.tokens_of(units)
     base = workload.content

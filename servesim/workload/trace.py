@@ -26,9 +26,6 @@ from pathlib import Path
 import numpy as np
 
 from servesim.errors import TraceError
-from servesim.workload.azure import read_azure_csv
-from servesim.workload.content import SequenceContent
-from servesim.workload.mooncake import MOONCAKE_BLOCK_TOKENS, hash_id_arrays, read_mooncake_jsonl
 from servesim.workload.rawtrace import RawTrace
 from servesim.workload.workload import TraceMeta, Workload
 
@@ -94,8 +91,13 @@ _CACHE_SIZE = 8
 
 
 def _parse(p: Path, fmt: str, prefix_block_ids: bool) -> RawTrace:
+    # each parser is imported only when a file of its format is read (start-up time of a run)
     if fmt == "azure":
+        from servesim.workload.azure import read_azure_csv
+
         return read_azure_csv(p)
+    from servesim.workload.mooncake import read_mooncake_jsonl
+
     return read_mooncake_jsonl(p, prefix_block_ids=prefix_block_ids)
 
 
@@ -216,6 +218,9 @@ def load_trace(
     )
     content = None
     if ids is not None:
+        from servesim.workload.content import SequenceContent
+        from servesim.workload.mooncake import MOONCAKE_BLOCK_TOKENS, hash_id_arrays
+
         offsets, flat = hash_id_arrays(path, ids)
         content = SequenceContent.from_trace_blocks(offsets, flat, MOONCAKE_BLOCK_TOKENS, prompt, output)
     return Workload(

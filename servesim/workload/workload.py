@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from servesim.workload.content import SequenceContent
+if TYPE_CHECKING:  # an annotation only: the content module loads when a workload shares content
+    from servesim.workload.content import SequenceContent
 
 
 @dataclass
