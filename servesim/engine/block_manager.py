@@ -307,7 +307,8 @@ class BlockManager:
         shareable = self.shareable[request] if self.shareable is not None else 0
         if not shareable and request not in self.own_runs:
             return NO_HIT  # nothing it could hit: its content is its own and it never freed cached blocks
-        self.sync(num_free)
+        if self.num_free > num_free:
+            self.sync(num_free)
         cap = (num_tokens - 1) // self.block_size
         hit = CacheHit()
         j = 0
@@ -445,10 +446,13 @@ class BlockManager:
             self.num_free = num_free + num_blocks
             self.num_uncached = self.num_free
             return num_blocks
-        self.sync(num_free)
+        if self.num_free > num_free:
+            self.sync(num_free)
         if not num_blocks:
             return 0
-        cached = min(num_cached_tokens // self.block_size, num_blocks)
+        cached = num_cached_tokens // self.block_size
+        if cached > num_blocks:
+            cached = num_blocks
         shareable = self.shareable[request] if self.shareable is not None else 0
         if shareable:
             self.cache(request, cached * self.block_size)

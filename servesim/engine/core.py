@@ -39,8 +39,10 @@ Two modes produce the same result, bit for bit (all times are integer picosecond
   speculation: per-step sums of their pre-drawn round timelines), with a heap of their finishing steps. A
   step with prefill or admission costs O(requests it touches), and a run of decode steps up to the next
   event (an arrival (every one: the waiting count is logged per step), a request that finishes, a block
-  allocation that would fail) is advanced at once (closed form, or vector sums). Rare events that need
-  the per-request order (preemption, a token budget smaller than the decoding batch) materialise the
+  allocation that would fail) is advanced at once (closed form, or vector sums). Preemption works on the
+  aggregate (its victims are a suffix of the running order, :meth:`Engine._preempt_aggregated`); rare
+  events that need the per-request order (a token budget smaller than the decoding batch, finished
+  requests scheduled once more that do not fit the budget, several requests mid-prefill) materialise the
   per-request state and run the exact step.
 
 KV blocks go through the block manager (:mod:`servesim.engine.block_manager`, vLLM 0.32's block pool,
@@ -347,6 +349,7 @@ class Engine:
         caching = self.prefix_caching
         hit = None
         hit_tokens = extra = 0
+        noted: list[tuple[int, int]] = []  # admissions whose cached tokens are noted at the end
         while waiting and budget > ds and num_running < self.max_num_seqs:
             r = waiting[0]
             total = prompt[r] + gen[r]
@@ -373,9 +376,11 @@ class Engine:
                 if hit_tokens:
                     self.kv.touch(r, hit)
                     self.num_computed[r] = hit_tokens
-                self._note_many(((r, n),), t0)
-                if self.kv.shareable is not None:
+                if self.kv.shareable is not None:  # cached now: a later admission of this step may hit it
+                    self._note_many(((r, n),), t0)
                     self.kv.cache(r, self.kv_cached_tokens[r])
+                else:
+                    noted.append((r, n))
                 self.prefix_cache_stats.record(total, hit_tokens, self.num_preemptions[r] > 0)
                 if self.tracer is not None:
                     self.tracer.record_hit(r, total, hit_tokens, self.num_preemptions[r] > 0)
@@ -388,6 +393,8 @@ class Engine:
             budget -= n + ds
             if first_sched[r] < 0:
                 first_sched[r] = t0
+        if noted:
+            self._note_many(noted, t0)
         return budget, free
 
     def _reserve_prefill_lookahead(self, total: int, computed: int, n: int) -> int:

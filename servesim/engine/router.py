@@ -230,21 +230,21 @@ class Router:
         self.prefix_matched_blocks = 0
         self.env = env
         self.source = source
-        self.R = int(num_replicas)
+        self.num_replicas = int(num_replicas)
         self.policy = policy
         self.assignment = [-1] * source.num_requests
-        self.inbox: list[deque] = [deque() for _ in range(self.R)]
-        self.routed = [0] * self.R
-        self.finished = [0] * self.R
-        self._finish_times: list[deque] = [deque() for _ in range(self.R)]
+        self.inbox: list[deque] = [deque() for _ in range(self.num_replicas)]
+        self.routed = [0] * self.num_replicas
+        self.finished = [0] * self.num_replicas
+        self._finish_times: list[deque] = [deque() for _ in range(self.num_replicas)]
         self._num_routed = 0
         self._num_finished = 0
         self._scheduled: set[int] = set()
         self._pulled: list[tuple[int, int]] = []
         self._finishes: list[tuple[int, int, int]] = []  # closed loop: (finish ps, replica, report order)
-        self.waiting_of = [lambda: 0] * self.R
-        self.has_work = [lambda: False] * self.R
-        self.next_run_ps: list[int | None] = [0] * self.R
+        self.waiting_of = [lambda: 0] * self.num_replicas
+        self.has_work = [lambda: False] * self.num_replicas
+        self.next_run_ps: list[int | None] = [0] * self.num_replicas
         self._schedule_wake()
 
     # ------------------------------------------------------------------ routing
@@ -273,7 +273,7 @@ class Router:
 
     def _choose(self, request: int, t_ps: int) -> int:
         if self.policy == "round_robin":
-            return self._num_routed % self.R
+            return self._num_routed % self.num_replicas
         if self.policy == "least_outstanding":
             return _lowest(self._outstanding(t_ps))
         if self.policy == "shortest_queue":
@@ -282,16 +282,16 @@ class Router:
 
     def _outstanding(self, t_ps: int) -> list[int]:
         """Per replica: requests routed to it and not finished by ``t_ps`` (a finish at ``t_ps`` counts)."""
-        for j in range(self.R):
+        for j in range(self.num_replicas):
             times = self._finish_times[j]
             while times and times[0] <= t_ps:
                 times.popleft()
                 self.finished[j] += 1
-        return [self.routed[j] - self.finished[j] for j in range(self.R)]
+        return [self.routed[j] - self.finished[j] for j in range(self.num_replicas)]
 
     def _queue_lengths(self) -> list[int]:
         """Per replica: its engine's waiting queue plus the requests routed to it and not pulled yet."""
-        return [self.waiting_of[j]() + len(self.inbox[j]) for j in range(self.R)]
+        return [self.waiting_of[j]() + len(self.inbox[j]) for j in range(self.num_replicas)]
 
     def _choose_prefix_aware(self, request: int, t_ps: int) -> int:
         """The best score of :class:`PrefixAwareRouting` (ties: lowest index), then index the prompt there."""
@@ -301,7 +301,7 @@ class Router:
         queue = _min_max_scores(self._queue_lengths())
         active = _min_max_scores(self._outstanding(t_ps))
         best, best_score, best_matched = 0, None, 0
-        for j in range(self.R):
+        for j in range(self.num_replicas):
             score = cfg.queue_scorer_weight * queue[j] + cfg.active_request_scorer_weight * active[j]
             matched = index.matched_blocks(j, hashes) if hashes else 0
             if hashes:
@@ -355,7 +355,7 @@ class Router:
                 t = issue
         if src.concurrency is not None and src.concurrency + self._num_finished < src.num_requests:
             think = src.think_ps
-            for k in range(self.R):
+            for k in range(self.num_replicas):
                 wake = self.next_run_ps[k]
                 if k != replica and wake is not None and self.has_work[k]():
                     bound = max(wake, self.env.now) + think + 1
