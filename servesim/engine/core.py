@@ -842,7 +842,10 @@ class Engine:
                 self.fallback()
                 return
         if not zombies and self.partial is None and num_decoders and new_blocks <= self.free_blocks:
-            blocked, head_tokens = self.head_blocked(self.free_blocks - new_blocks, budget)
+            if not self.waiting or len(self.running) >= self.max_num_seqs:
+                blocked, head_tokens = True, None  # nobody to admit (head_blocked's first case)
+            else:
+                blocked, head_tokens = self.head_blocked(self.free_blocks - new_blocks, budget)
             if blocked:
                 decoding.run(g, head_tokens)
                 return
@@ -1061,7 +1064,7 @@ class Engine:
             self._trace_mixed(t0, g, sched, used, num_waiting, k_new, zombies)
         if self.finishing:
             self.release_finishing()
-        itl = num_decoders - self.flush_stale(t1)
+        itl = num_decoders - self.flush_stale(t1) if self.stale else num_decoders
         self.now = t1
         self.step_index = g + 1
         if self.finish_heap:

@@ -232,9 +232,10 @@ class PlainDecoding:
             free_before = engine.free_blocks
             engine.release_finishing()
             released = engine.free_blocks - free_before
-            first_blocks = self._decode_blocks(g, 1)
+            bs = engine.block_size
+            first_blocks = self.per_residue[(1 - g) % bs]  # the blocks of steps g and g + 1
             if n > 1:
-                blocked, _ = engine.head_blocked(engine.free_blocks - first_blocks - self._decode_blocks(g + 1, 1),
+                blocked, _ = engine.head_blocked(engine.free_blocks - first_blocks - self.per_residue[-g % bs],
                                                  engine.max_num_batched_tokens - num_decoders)
                 if not blocked:
                     n = 1
@@ -264,13 +265,13 @@ class PlainDecoding:
         inc_ps = (inc + SUBPS_PER_PS // 2) >> SUBPS_BITS  # for display: the per-step durations are exact at output
         engine.free_blocks -= new_blocks
         used = engine.total_blocks - engine.free_blocks
-        itl = num_decoders - engine.flush_stale(t0 + d0_ps)
+        itl = num_decoders - engine.flush_stale(t0 + d0_ps) if engine.stale else num_decoders
         engine.now = t1
         engine.step_index = g + n
         num_waiting = len(engine.waiting)
         row = engine.rows.append
         if released:  # the first step still held the finished requests' blocks: a row of its own
-            first_blocks = self._decode_blocks(g, 1)
+            first_blocks = self.per_residue[(1 - g) % engine.block_size]
             first_used = used - new_blocks + first_blocks + released
             row(StepRow(t0, 1, d0_ps, 0, d0_ps, num_decoders, num_decoders, 0, itl, first_used, num_waiting, 0, 0))
             if n > 1:
