@@ -45,7 +45,7 @@ class EngineConfig(_Strict):
             derived from the model and the token budget (see :mod:`servesim.engine.kv_cache`).
         max_model_len: longest prompt + output a request may have (tokens); default: the model card's.
         async_scheduling: vLLM's ``--async-scheduling`` (the next step is scheduled while this one runs; see
-            :meth:`servesim.engine.core.Engine._release_finishing`). Default: as vLLM 0.32 on GPUs, on,
+            :meth:`servesim.engine.core.Engine.release_finishing`). Default: as vLLM 0.32 on GPUs, on,
             except with n-gram, Medusa or suffix speculation (and llama.cpp's rules), which vLLM runs
             synchronously.
     """
