@@ -236,8 +236,10 @@ class Engine:
         self.finish_heap: list[tuple[int, int]] = []  # (step at which it emits its last token, request)
         self.finish_step = [-1] * num_requests  # step at which aggregated decoder r emits its last token; -1 if not one
         self.stale: dict[int, int] = {}  # decoder -> ps of its last emission, when not the previous step's end
-        # Step log: one StepRow per step or run.
-        self.rows: list[StepRow] = []
+        # Step log: one row per step or run, a plain tuple of StepRow's fields in its order, read by field
+        # name at output (exact tuples of ints, which the garbage collector untracks; a NamedTuple per row
+        # would be traversed by every full collection, a cost that grows with the log)
+        self.rows: list[tuple] = []
         # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
         # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
         self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of runs summed step by step
@@ -738,7 +740,7 @@ class Engine:
         self.k_next = k_new
         self.now = t1
         self.step_index += 1
-        self.rows.append(StepRow(t0, 1, duration, 0, duration, len(sched), tokens, prefill, itl, used,
+        self.rows.append((t0, 1, duration, 0, duration, len(sched), tokens, prefill, itl, used,
                                  num_waiting, preempted, k_step))
 
     def _advance(self, d_subps: int) -> int:
@@ -1089,7 +1091,7 @@ class Engine:
                 mids.append(r)
         self.partial = mids[-1] if mids else None
         self.multi_partial = len(mids) > 1
-        self.rows.append(StepRow(t0, 1, duration, 0, duration, batch, tokens, prefill, itl, used, num_waiting,
+        self.rows.append((t0, 1, duration, 0, duration, batch, tokens, prefill, itl, used, num_waiting,
                                  preempted, k_step))
 
     # ------------------------------------------------------------------ runs (called by the strategies)

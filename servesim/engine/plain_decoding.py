@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import weakref
 
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX, StepRow
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX
 from servesim.roofline import SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS
 
 
@@ -37,6 +37,8 @@ class PlainDecoding:
         self.engine = weakref.proxy(engine)
         num_requests = engine.num_requests
         block_size = engine.block_size
+        # the class's constants as instance attributes too: the engine reads them on its hot path
+        self.speculative, self.k, self.variable_width = False, 0, False
         self.num_decoders = 0
         self.context_base_sum = 0  # sum of context_base over the decoders
         self.per_residue = [0] * block_size  # decoders per residue context_base mod block_size
@@ -273,17 +275,17 @@ class PlainDecoding:
         if released:  # the first step still held the finished requests' blocks: a row of its own
             first_blocks = self.per_residue[(1 - g) % engine.block_size]
             first_used = used - new_blocks + first_blocks + released
-            row(StepRow(t0, 1, d0_ps, 0, d0_ps, num_decoders, num_decoders, 0, itl, first_used, num_waiting, 0, 0))
+            row((t0, 1, d0_ps, 0, d0_ps, num_decoders, num_decoders, 0, itl, first_used, num_waiting, 0, 0))
             if n > 1:
                 rem1 = first_end & SUBPS_MASK
                 d1_ps = (rem1 + d0 + inc) >> SUBPS_BITS
-                row(StepRow(t0 + d0_ps, n - 1, d1_ps, inc_ps, duration - d0_ps, num_decoders, num_decoders, 0,
+                row((t0 + d0_ps, n - 1, d1_ps, inc_ps, duration - d0_ps, num_decoders, num_decoders, 0,
                             num_decoders, used, num_waiting, 0, 0))
                 later_blocks = new_blocks - first_blocks
                 engine.record_closed_form_run(g + 1, n - 1, rem1, d0 + inc, inc, later_blocks,
                                               self._window(g + 1) if later_blocks else None)
         else:
-            row(StepRow(t0, n, d0_ps, inc_ps, duration, num_decoders, num_decoders, 0, itl, used, num_waiting, 0, 0))
+            row((t0, n, d0_ps, inc_ps, duration, num_decoders, num_decoders, 0, itl, used, num_waiting, 0, 0))
             engine.record_closed_form_run(g, n, rem, d0, inc, new_blocks, self._window(g) if new_blocks and n > 1 else None)
         first_finish, _ = engine.finish_heap[0]
         if first_finish == g + n - 1:

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX, StepRow
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX
 from servesim.roofline import SUBPS_BITS, SUBPS_MASK
 from servesim.speculation.costs import DrafterCost
 from servesim.speculation.schedule import KSchedule
@@ -744,7 +744,7 @@ class SpeculativeDecoding:
         d0 = int(ends[0])
         itl = num_decoders - engine.flush_stale(t0 + d0)
         inc = (duration - int(ends[n - 2]) - d0) // (n - 1) if n > 1 else 0
-        engine.rows.append(StepRow(t0, n, d0, inc, duration, num_decoders, first_tokens, 0, itl, used,
+        engine.rows.append((t0, n, d0, inc, duration, num_decoders, first_tokens, 0, itl, used,
                                    len(engine.waiting), 0, k_step))
         engine.record_summed_run(ends)
         t1 = t0 + duration

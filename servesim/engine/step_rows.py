@@ -16,7 +16,9 @@ class StepRow(NamedTuple):
 
     The columns of :class:`~servesim.engine.output.StepLog` (which see), with times in integer
     picoseconds where the log has seconds: ``start_ps``, ``first_step_ps``, ``step_increment_ps``,
-    ``duration_ps``.
+    ``duration_ps``. The engine stores each row as a plain tuple of these fields in this order (exact
+    tuples of ints are untracked by the garbage collector; instances of this class would not be) and reads
+    the columns by these names (``Engine.output``).
     """
 
     start_ps: int
