@@ -450,11 +450,7 @@ class Engine:
         if self.decoding.speculative:
             self.decode_ready[victim] = False
         self.output_cached.pop(victim, None)  # async: its last output comes after it left (see _kv_cached)
-        if self.prefix_caching:
-            freed = self.kv.free(victim, self.num_blocks[victim], self._kv_cached(victim), self.free_blocks)
-        else:
-            freed = self.num_blocks[victim]
-        self.num_blocks[victim] = 0
+        freed = self._free_blocks_of(victim, finished=False)
         self.num_computed[victim] = 0
         self.num_preemptions[victim] += 1
         if victim not in self.finishing:
@@ -504,18 +500,13 @@ class Engine:
         self.arrivals.on_finish(t1)
         if self.async_scheduling:
             if self.prefix_caching:  # what its last output caches once processed (see _kv_cached)
-                known = self.prompt_tokens[r] + self.num_generated[r]
-                out = (self.num_computed[r] if self.num_computed[r] < known else known) - self.reprefill_tokens
+                out = self._processed_output_cached(r)
                 self.output_cached[r] = out if out > 0 else 0
             self.finishing[r] = sure
             if not sure:
                 self.num_unsure_finishing += 1
             return
-        if self.prefix_caching:
-            self.free_blocks += self.kv.free(r, self.num_blocks[r], self._kv_cached(r), self.free_blocks, finished=True)
-        else:
-            self.free_blocks += self.num_blocks[r]
-        self.num_blocks[r] = 0
+        self.free_blocks += self._free_blocks_of(r, finished=True)
         del self.running[r]
 
     def release_finishing(self) -> None:
@@ -524,17 +515,31 @@ class Engine:
         run (they count against ``max_num_seqs``, hold their blocks and can be preemption victims) while
         step ``n + 1`` is scheduled; processing step ``n``'s output then frees them. Called after each
         step's scheduling."""
-        running, blocks = self.running, self.num_blocks
+        running = self.running
         for r in self.finishing:
             if r in running:
                 del running[r]
-                if self.prefix_caching:
-                    self.free_blocks += self.kv.free(r, blocks[r], self._kv_cached(r), self.free_blocks, finished=True)
-                else:
-                    self.free_blocks += blocks[r]
-                blocks[r] = 0
+                self.free_blocks += self._free_blocks_of(r, finished=True)
         self.finishing = {}
         self.num_unsure_finishing = 0
+
+    def _free_blocks_of(self, r: int, finished: bool) -> int:
+        """Free all blocks request ``r`` holds (through the block manager with prefix caching: vLLM
+        ``FullAttentionManager.free``, its cached blocks to the free queue's tail); returns how many became
+        free (fewer than it held when other requests share some)."""
+        if self.prefix_caching:
+            freed = self.kv.free(r, self.num_blocks[r], self._kv_cached(r), self.free_blocks, finished=finished)
+        else:
+            freed = self.num_blocks[r]
+        self.num_blocks[r] = 0
+        return freed
+
+    def _processed_output_cached(self, r: int) -> int:
+        """Tokens request ``r``'s blocks cache once vLLM has processed its last output (its computed tokens,
+        at most its known ones, less ``num_reprefillable_tokens``; may be negative: callers clamp at 0)."""
+        total = self.prompt_tokens[r] + self.num_generated[r]
+        computed = self.num_computed[r]
+        return (computed if computed < total else total) - self.reprefill_tokens
 
     def _kv_cached(self, r: int) -> int:
         """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
@@ -549,8 +554,7 @@ class Engine:
                 if self.last_emit_ps[r] == self.now:  # its last output is still in flight
                     out = self.kv_output_tokens[r]
                 else:  # not scheduled in the previous step: its last output was processed
-                    total = self.prompt_tokens[r] + self.num_generated[r]
-                    out = (self.num_computed[r] if self.num_computed[r] < total else total) - self.reprefill_tokens
+                    out = self._processed_output_cached(r)
             if out > cached:
                 return out
         return cached

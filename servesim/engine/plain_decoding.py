@@ -22,14 +22,11 @@ class PlainDecoding:
         engine: the :class:`~servesim.engine.core.Engine` whose decoders this keeps.
     """
 
-    speculative = False
     draft_slots = 0
     prefill_lookahead = 0
     lookahead_slots = 0
     initial_k = 0
     use_eagle = False  # prefix-cache hits keep their last block
-    variable_width = False  # every decoder schedules the same tokens in every step
-    k = 0  # drafts per round of the aggregated decoders
 
     def __init__(self, engine) -> None:
         # a weak reference: the engine owns its strategy, and without a cycle it is freed as soon as its
@@ -37,7 +34,8 @@ class PlainDecoding:
         self.engine = weakref.proxy(engine)
         num_requests = engine.num_requests
         block_size = engine.block_size
-        # the class's constants as instance attributes too: the engine reads them on its hot path
+        # read by the engine on its hot path (instance attributes are found first): no speculation, the
+        # aggregated decoders' rounds verify k = 0 drafts, every decoder schedules the same tokens each step
         self.speculative, self.k, self.variable_width = False, 0, False
         self.num_decoders = 0
         self.context_base_sum = 0  # sum of context_base over the decoders
