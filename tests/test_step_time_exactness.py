@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from servesim import simulate
 from servesim.cards import load_hardware, load_model
 from servesim.engine.core import Engine
+from servesim.engine.step_rows import IntLog
 from servesim.metrics.steps import step_times_ps
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS, build_step_time_model
 from servesim.speculation.costs import head_card
@@ -204,7 +205,9 @@ def test_step_durations_rebuilt_at_output_are_the_stepped_ones(run_list, single)
         if i < len(single):
             rows.append([0, 1, single[i], 0, single[i]] + [0] * 8)
             expected.append(single[i])
-    fake = SimpleNamespace(closed_runs=sub_runs, summed_runs_row=[], summed_runs_ends=[])
+    closed_run_log = IntLog(4)
+    closed_run_log.items += sub_runs
+    fake = SimpleNamespace(closed_run_log=closed_run_log, summed_runs_row=[], summed_runs_ends=[])
     cols = np.asarray(rows, dtype=np.int64).T
     np.testing.assert_array_equal(Engine._step_ends(fake, cols[1], cols[4]), np.asarray(expected, dtype=np.int64))
 

@@ -69,14 +69,13 @@ from __future__ import annotations
 import dataclasses
 import heapq
 from collections import deque
-from itertools import chain
 
 import numpy as np
 
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX, ROW_SUBPS_MAX, StepRow
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, ROW_SUBPS_MAX, IntLog, StepRow
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
@@ -238,8 +237,10 @@ class Engine:
         self.stale: dict[int, int] = {}  # decoder -> ps of its last emission, when not the previous step's end
         # Step log: one row per step or run, a plain tuple of StepRow's fields in its order, read by field
         # name at output (exact tuples of ints, which the garbage collector untracks; a NamedTuple per row
-        # would be traversed by every full collection, a cost that grows with the log)
-        self.rows: list[tuple] = []
+        # would be traversed by every full collection, a cost that grows with the log). ``rows`` is the
+        # log's recent part, which the hot paths append to; older rows are int64 chunks (IntLog)
+        self.row_log = IntLog(len(StepRow._fields), tuples=True)
+        self.rows: list[tuple] = self.row_log.items
         # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
         # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
         self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of runs summed step by step
@@ -247,9 +248,12 @@ class Engine:
         # row, clock remainder at its start, first duration, increment (2^-16 ps), from which the output
         # rebuilds every step's duration in ps; and those whose integral is corrected at output: their
         # rows, and the blocks each step phase allocates (block_size counts per run, flat)
-        self.closed_runs: list[int] = []
-        self.kv_runs: list[int] = []
-        self.kv_windows: list[int] = []
+        self.closed_run_log = IntLog(4)
+        self.kv_run_log = IntLog(1)
+        self.kv_window_log = IntLog(self.block_size)
+        self.closed_runs: list[int] = self.closed_run_log.items  # recent parts (flat), appended to by runs
+        self.kv_runs: list[int] = self.kv_run_log.items
+        self.kv_windows: list[int] = self.kv_window_log.items
         # runs summed step by step (speculation): their rows and their steps' ends after the row's start (ps)
         self.summed_runs_row: list[int] = []
         self.summed_runs_ends: list = []
@@ -325,7 +329,14 @@ class Engine:
                     break
                 if self.max_time_ps is not None and self.now >= self.max_time_ps:
                     break
+            if self.row_log.full():
+                self.compact_logs()
             yield env.timeout((self.now - t0) / PS_PER_S)
+
+    def compact_logs(self) -> None:
+        """Move the step log's and the runs' recent records into int64 chunks (bounded memory per row)."""
+        for log in (self.row_log, self.closed_run_log, self.kv_run_log, self.kv_window_log):
+            log.compact()
 
     def _pull_arrivals(self) -> None:
         got = self._arrived
@@ -1115,7 +1126,7 @@ class Engine:
         integral corrected for the blocks allocated after its first step (:meth:`_kv_block_ps`), from
         ``residue_window``, the blocks each of its first ``block_size`` steps allocates, last first."""
         if n > 1:
-            row = len(self.rows) - 1
+            row = len(self.row_log) - 1
             self.closed_runs += (row, remainder, first_subps, increment_subps)
             if new_blocks:
                 self.kv_runs.append(row)
@@ -1125,7 +1136,7 @@ class Engine:
         """Note the last row's steps' ends after its start (ps; a list or int64 array of its steps), for a
         run of more than one step summed step by step."""
         if len(ends) > 1:
-            self.summed_runs_row.append(len(self.rows) - 1)
+            self.summed_runs_row.append(len(self.row_log) - 1)
             self.summed_runs_ends.append(ends)
 
     def trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
@@ -1188,11 +1199,11 @@ class Engine:
         kv = used * duration
         for row, late in self.kv_late:
             kv[row] -= late
-        if not self.kv_runs:
+        if not len(self.kv_run_log):
             return kv
         bs = self.block_size
-        runs = np.fromiter(self.kv_runs, dtype=np.int64, count=len(self.kv_runs))
-        windows = np.fromiter(self.kv_windows, dtype=np.int64, count=len(self.kv_windows)).reshape(-1, bs)
+        runs = self.kv_run_log.array()[:, 0]
+        windows = self.kv_window_log.array()
         counts = windows[:, ::-1]  # column rho: the blocks each step i = rho (mod bs) of the run allocates
         later = steps[runs] - 1  # each run's steps i >= 1 (every recorded run has two or more)
         offsets = np.cumsum(later) - later
@@ -1213,13 +1224,13 @@ class Engine:
         that nothing overflows int64; the steps of a run summed step by step end where it recorded.
         """
         first = np.cumsum(steps) - steps
-        if not self.closed_runs:  # single steps (their duration) and runs summed step by step (filled below)
+        if not len(self.closed_run_log):  # single steps (their duration) and runs summed step by step (filled below)
             ends = np.repeat(duration, steps)
             return Engine._fill_summed(ends, steps, first, self.summed_runs_row, self.summed_runs_ends)
         row = np.repeat(np.arange(steps.shape[0], dtype=np.int64), steps)
         m = np.arange(1, row.shape[0] + 1, dtype=np.int64) - np.repeat(first, steps)
         tri = m * (m - 1) // 2
-        runs, remainder, first_subps, increment_subps = np.asarray(self.closed_runs, dtype=np.int64).reshape(-1, 4).T
+        runs, remainder, first_subps, increment_subps = self.closed_run_log.array().T
         rem = np.zeros_like(duration)
         rem[runs] = remainder
         if int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS:  # every row's end fits int64 in 2^-16 ps
@@ -1270,9 +1281,7 @@ class Engine:
             preemptions=np.asarray(self.num_preemptions, dtype=np.int64),
             num_cached_tokens=np.maximum(np.asarray(self.num_cached_tokens, dtype=np.int64), 0),
         )
-        width = len(StepRow._fields)
-        flat = np.fromiter(chain.from_iterable(self.rows), dtype=np.int64, count=width * len(self.rows))
-        col = dict(zip(StepRow._fields, flat.reshape(-1, width).T))
+        col = dict(zip(StepRow._fields, self.row_log.array().T))
         ends = self._step_ends(col["num_steps"], col["duration_ps"])
         # each step's duration: its end less the previous step's end within its row (a row starts at 0)
         previous = np.zeros_like(ends)

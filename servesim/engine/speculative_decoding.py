@@ -730,7 +730,7 @@ class SpeculativeDecoding:
         # (every term < KV_BLOCK_PS_MAX: no overflow)
         late = int(np.dot(self.step_new_blocks[g + 1:g + n], ends[:n - 1])) if n > 1 else 0
         if late:
-            engine.kv_late.append((len(engine.rows), late))
+            engine.kv_late.append((len(engine.row_log), late))
         self._end_run(g, n, ends[:n], first_tokens, used, k_step, k_new)
 
     def _end_run(self, g: int, n: int, ends, first_tokens: int, used: int, k_step: int, k_new: int) -> None:
@@ -796,5 +796,5 @@ class SpeculativeDecoding:
             engine.trace_run(g, m, [t0] + [t0 + e for e in ends[:-1]], [sum(new_blocks[:j + 1]) for j in range(m)], k_new)
         engine.free_blocks = free
         if kv_ps != (total - free) * (t - t0):
-            engine.kv_late.append((len(engine.rows), (total - free) * (t - t0) - kv_ps))
+            engine.kv_late.append((len(engine.row_log), (total - free) * (t - t0) - kv_ps))
         self._end_run(g, m, ends, first_tokens, total - free, k_step, k_new)

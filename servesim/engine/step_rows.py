@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import NamedTuple
+
+import numpy as np
 
 KV_BLOCK_PS_MAX = 2**62
 """Largest KV-block integral (blocks x ps) of one step-log row: longer runs are split so that it fits int64."""
@@ -34,3 +37,63 @@ class StepRow(NamedTuple):
     num_waiting: int
     num_preempted: int
     k: int
+
+
+LOG_CHUNK_VALUES = 2**18
+"""Values a log gathers as Python objects before they move into an int64 chunk (2 MiB of chunk)."""
+
+
+class IntLog:
+    """A log of records of ``width`` integers each, kept as Python objects while recent and moved into int64
+    numpy chunks by :meth:`compact` (a long run then holds 8 bytes per value instead of a Python int and a
+    pointer to it; the engine compacts between SimPy events, :meth:`Engine.process
+    <servesim.engine.core.Engine.process>`).
+
+    Attributes:
+        width: integers per record.
+        tuples: whether ``items`` holds one tuple per record (else a flat list of integers).
+        items: the recent records; the engine appends to this list directly on its hot paths.
+        chunks: int64 arrays (records, width) of the older records, in order.
+        records_before: records held in ``chunks``.
+
+    Raises:
+        OverflowError: (at :meth:`compact`) a value outside int64.
+    """
+
+    __slots__ = ("width", "tuples", "items", "chunks", "records_before")
+
+    def __init__(self, width: int, tuples: bool = False) -> None:
+        self.width = width
+        self.tuples = tuples
+        self.items: list = []
+        self.chunks: list[np.ndarray] = []
+        self.records_before = 0
+
+    def __len__(self) -> int:
+        """Records logged so far (the index the next record gets)."""
+        recent = len(self.items) if self.tuples else len(self.items) // self.width
+        return self.records_before + recent
+
+    def full(self) -> bool:
+        """Whether the recent records hold at least :data:`LOG_CHUNK_VALUES` values."""
+        return len(self.items) * (self.width if self.tuples else 1) >= LOG_CHUNK_VALUES
+
+    def compact(self) -> None:
+        """Move the recent records into an int64 chunk (``items`` is emptied in place: aliases stay valid)."""
+        items = self.items
+        if not items:
+            return
+        count = len(items) if self.tuples else len(items) // self.width
+        values = chain.from_iterable(items) if self.tuples else items
+        self.chunks.append(np.fromiter(values, dtype=np.int64, count=count * self.width).reshape(count, self.width))
+        self.records_before += count
+        items.clear()
+
+    def array(self) -> np.ndarray:
+        """Every record, int64 (records, width); the log keeps it as its one chunk."""
+        self.compact()
+        if not self.chunks:
+            return np.zeros((0, self.width), dtype=np.int64)
+        if len(self.chunks) > 1:
+            self.chunks = [np.concatenate(self.chunks)]
+        return self.chunks[0]
