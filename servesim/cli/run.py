@@ -8,6 +8,7 @@ Writes ``DIR/summary.json``, ``DIR/requests.csv``, ``DIR/steps.csv`` and (unless
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from pathlib import Path
@@ -119,6 +120,9 @@ def run(args: argparse.Namespace) -> int:
     from servesim.api import simulate
     from servesim.atomic import prepare_output_dir, remove_stale, replacing_outputs
 
+    # the modules just imported live as long as the process: out of the garbage collector's sight
+    # (gc.freeze), its full collections during the run walk only the run's own objects
+    gc.freeze()
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
                                                           getattr(args, "llama_cpp_spec", None)))
     out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
