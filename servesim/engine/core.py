@@ -1126,7 +1126,7 @@ class Engine:
         integral corrected for the blocks allocated after its first step (:meth:`_kv_block_ps`), from
         ``residue_window``, the blocks each of its first ``block_size`` steps allocates, last first."""
         if n > 1:
-            row = len(self.row_log) - 1
+            row = self.row_log.records_before + len(self.rows) - 1  # len(self.row_log) - 1, inline (hot path)
             self.closed_runs += (row, remainder, first_subps, increment_subps)
             if new_blocks:
                 self.kv_runs.append(row)
