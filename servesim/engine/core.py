@@ -75,7 +75,7 @@ import numpy as np
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX, ROW_SUBPS_MAX, IntLog, StepRow
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, OUTPUT_BLOCK_ROWS, ROW_SUBPS_MAX, IntLog, StepRow
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
@@ -1204,14 +1204,17 @@ class Engine:
         bs = self.block_size
         runs = self.kv_run_log.array()[:, 0]
         windows = self.kv_window_log.array()
-        counts = windows[:, ::-1]  # column rho: the blocks each step i = rho (mod bs) of the run allocates
+        counts = windows[:, ::-1].ravel()  # column rho: the blocks each step i = rho (mod bs) of the run allocates
         later = steps[runs] - 1  # each run's steps i >= 1 (every recorded run has two or more)
-        offsets = np.cumsum(later) - later
-        run = np.repeat(np.arange(runs.shape[0], dtype=np.int64), later)
-        i = np.arange(run.shape[0], dtype=np.int64) - offsets[run] + 1
-        first = np.cumsum(steps) - steps  # each row's first step in ``ends``
-        late = counts.ravel()[run * bs + i % bs] * ends[first[runs][run] + i - 1]
-        kv[runs] -= np.add.reduceat(late, offsets)
+        run_first = (np.cumsum(steps) - steps)[runs]  # each run's first step in ``ends``
+        for lo in range(0, runs.shape[0], OUTPUT_BLOCK_ROWS):  # a block of runs at a time: small temporaries
+            hi = min(lo + OUTPUT_BLOCK_ROWS, runs.shape[0])
+            block_later = later[lo:hi]
+            offsets = np.cumsum(block_later) - block_later
+            run = np.repeat(np.arange(lo, hi, dtype=np.int64), block_later)
+            i = np.arange(run.shape[0], dtype=np.int64) - offsets[run - lo] + 1
+            late = counts[run * bs + i % bs] * ends[run_first[run] + i - 1]
+            kv[runs[lo:hi]] -= np.add.reduceat(late, offsets)
         return kv
 
     def _step_ends(self, steps: np.ndarray, duration: np.ndarray) -> np.ndarray:
@@ -1222,29 +1225,40 @@ class Engine:
         ``rem``, first duration ``d0``, increment ``inc``, 2^-16 ps) ends ``(rem + m d0 + inc m(m-1)/2) >>
         16`` ps after, ``m = j + 1``, evaluated as whole and sub-picosecond parts of ``d0`` and ``inc`` so
         that nothing overflows int64; the steps of a run summed step by step end where it recorded.
+        Evaluated :data:`OUTPUT_BLOCK_ROWS` rows at a time, so that its temporaries stay small beside the
+        result however long the log.
         """
         first = np.cumsum(steps) - steps
         if not len(self.closed_run_log):  # single steps (their duration) and runs summed step by step (filled below)
             ends = np.repeat(duration, steps)
             return Engine._fill_summed(ends, steps, first, self.summed_runs_row, self.summed_runs_ends)
-        row = np.repeat(np.arange(steps.shape[0], dtype=np.int64), steps)
-        m = np.arange(1, row.shape[0] + 1, dtype=np.int64) - np.repeat(first, steps)
-        tri = m * (m - 1) // 2
         runs, remainder, first_subps, increment_subps = self.closed_run_log.array().T
         rem = np.zeros_like(duration)
         rem[runs] = remainder
-        if int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS:  # every row's end fits int64 in 2^-16 ps
+        exact = int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS  # every row's end fits int64 in 2^-16 ps
+        if exact:
             d0 = duration << SUBPS_BITS  # a single step: m = 1, T = 0, no remainder
             inc = np.zeros_like(duration)
             d0[runs], inc[runs] = first_subps, increment_subps
-            ends = (rem[row] + m * d0[row] + tri * inc[row]) >> SUBPS_BITS
         else:
             whole_d0 = duration.copy()
             part_d0, whole_inc, part_inc = np.zeros_like(duration), np.zeros_like(duration), np.zeros_like(duration)
             whole_d0[runs], part_d0[runs] = first_subps >> SUBPS_BITS, first_subps & SUBPS_MASK
             whole_inc[runs], part_inc[runs] = increment_subps >> SUBPS_BITS, increment_subps & SUBPS_MASK
-            ends = (m * whole_d0[row] + tri * whole_inc[row]
-                    + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
+        num_rows = steps.shape[0]
+        total = int(first[-1] + steps[-1]) if num_rows else 0
+        ends = np.empty(total, dtype=np.int64)
+        for lo in range(0, num_rows, OUTPUT_BLOCK_ROWS):
+            hi = min(lo + OUTPUT_BLOCK_ROWS, num_rows)
+            step_lo, step_hi = int(first[lo]), int(first[hi - 1] + steps[hi - 1])
+            row = np.repeat(np.arange(lo, hi, dtype=np.int64), steps[lo:hi])
+            m = np.arange(step_lo + 1, step_hi + 1, dtype=np.int64) - first[row]
+            tri = m * (m - 1) // 2
+            if exact:
+                ends[step_lo:step_hi] = (rem[row] + m * d0[row] + tri * inc[row]) >> SUBPS_BITS
+            else:
+                ends[step_lo:step_hi] = (m * whole_d0[row] + tri * whole_inc[row]
+                                         + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
         return Engine._fill_summed(ends, steps, first, self.summed_runs_row, self.summed_runs_ends)
 
     @staticmethod
@@ -1284,9 +1298,11 @@ class Engine:
         col = dict(zip(StepRow._fields, self.row_log.array().T))
         ends = self._step_ends(col["num_steps"], col["duration_ps"])
         # each step's duration: its end less the previous step's end within its row (a row starts at 0)
-        previous = np.zeros_like(ends)
-        previous[1:] = ends[:-1]
-        previous[np.cumsum(col["num_steps"]) - col["num_steps"]] = 0
+        step_ps = np.empty_like(ends)
+        step_ps[:1] = ends[:1]
+        np.subtract(ends[1:], ends[:-1], out=step_ps[1:])
+        row_first = np.cumsum(col["num_steps"]) - col["num_steps"]
+        step_ps[row_first] = ends[row_first]
         steps = StepLog(
             start_s=col["start_ps"] / s,
             num_steps=col["num_steps"].copy(),
@@ -1303,7 +1319,7 @@ class Engine:
             k=col["k"].copy(),
             start_ps=col["start_ps"].copy(),
             kv_block_ps=self._kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends),
-            durations_s=(ends - previous) / s,
+            durations_s=step_ps / s,
         )
         return EngineOutput(
             requests=requests,

@@ -39,6 +39,9 @@ class StepRow(NamedTuple):
     k: int
 
 
+OUTPUT_BLOCK_ROWS = 2**16
+"""Rows of the step log whose steps the engine's output evaluates at a time (bounded temporaries)."""
+
 LOG_CHUNK_VALUES = 2**18
 """Values a log gathers as Python objects before they move into an int64 chunk (2 MiB of chunk)."""
 
