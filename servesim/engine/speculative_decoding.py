@@ -746,20 +746,17 @@ class SpeculativeDecoding:
     def _run_terms(self, num_decoders: int, k_step: int, k_new: int) -> tuple[int, int, int, int]:
         """(tokens scheduled, step time less its context term, 2^-16 ps per computed token, context-free time
         of ``num_decoders`` one-token requests) of a fixed-width run step of ``num_decoders`` decoders
-        verifying ``k_step`` drafts and proposing ``k_new`` (2^-16 ps), memoised."""
-        key = (num_decoders, k_step, k_new)
-        terms = self.run_terms.get(key)
-        if terms is None:
-            st, drafter = self.engine.step_time, self.spec.drafter
-            kv_rate = st.kv_subps_per_token + drafter.kv_subps_per_draft_token * k_new
-            q = self.verify_widths[k_step] + 1
-            first_tokens = num_decoders * q
-            const = (st.base_subps(first_tokens, first_tokens, num_decoders) + kv_rate * first_tokens
-                     + st.attn_subps_per_pair * num_decoders * (q * (q + 1) // 2)
-                     + drafter.const_subps(first_tokens, num_decoders, k_new))
-            terms = (first_tokens, const, kv_rate + st.attn_subps_per_pair * q,
-                     st.base_subps(num_decoders, num_decoders, num_decoders))
-            self.run_terms[key] = terms
+        verifying ``k_step`` drafts and proposing ``k_new`` (2^-16 ps), memoised in ``run_terms``."""
+        st, drafter = self.engine.step_time, self.spec.drafter
+        kv_rate = st.kv_subps_per_token + drafter.kv_subps_per_draft_token * k_new
+        q = self.verify_widths[k_step] + 1
+        first_tokens = num_decoders * q
+        const = (st.base_subps(first_tokens, first_tokens, num_decoders) + kv_rate * first_tokens
+                 + st.attn_subps_per_pair * num_decoders * (q * (q + 1) // 2)
+                 + drafter.const_subps(first_tokens, num_decoders, k_new))
+        terms = (first_tokens, const, kv_rate + st.attn_subps_per_pair * q,
+                 st.base_subps(num_decoders, num_decoders, num_decoders))
+        self.run_terms[(num_decoders, k_step, k_new)] = terms
         return terms
 
     def run(self, g: int, head_tokens: int | None = None) -> None:
@@ -783,7 +780,7 @@ class SpeculativeDecoding:
         t_lim = engine.limit_time()
         fixed = not self.variable_width
         if fixed:
-            terms = self._run_terms(num_decoders, k_step, k_new)
+            terms = self.run_terms.get((num_decoders, k_step, k_new)) or self._run_terms(num_decoders, k_step, k_new)
         if t_lim is not None and n > 1:
             # step times only grow within a run (contexts grow), so the first step's time bounds how many
             # steps can pass before t_lim: evaluate no more than that
