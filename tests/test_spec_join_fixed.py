@@ -84,3 +84,24 @@ def test_fixed_join_matches_the_general_join(async_scheduling, tree_nodes):
                       "emitted_tokens"):
             assert getattr(fast, field)[r] == getattr(general, field)[r], f"request {r} {field}"
     assert fast.decoding.counters() == general.decoding.counters()
+
+
+def test_cumulative_sum_built_in_chunks(monkeypatch):
+    """``C[j + 2]`` = tokens emitted by the table's rounds before round ``j`` (1 + accepted each), two
+    leading zeros, the same for any chunking of the build."""
+    from servesim.engine import speculative_decoding
+
+    rng = np.random.default_rng(7)
+    output = rng.integers(2, 30, 25).tolist()
+    table = rng.integers(0, K + 1, sum(output)).astype(np.int32)
+    want = [0, 0] + np.concatenate(([0], np.cumsum(table + 1))).tolist()
+    for chunk in (7, 1 << 20):
+        monkeypatch.setattr(speculative_decoding, "EMITTED_CHUNK", chunk)
+        engine = make_engine(table, [10] * len(output), output, True, None)
+        decoding = engine.decoding  # (the strategy holds its engine weakly)
+        assert decoding._emitted_before().tolist() == want, f"chunk {chunk}"
+        offsets = np.concatenate(([0], np.cumsum(output)[:-1]))
+        assert list(decoding.first_before) == [want[o + 2] for o in offsets]
+        # a first join's rounds end where the emitted tokens reach its output less the prefill's token
+        assert list(decoding.first_stop) == [next(i for i in range(o + 2, len(want)) if want[i] >= want[o + 2] + n - 1)
+                                             for o, n in zip(offsets, output)]
