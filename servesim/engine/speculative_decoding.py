@@ -217,7 +217,10 @@ class SpeculativeDecoding:
         self._ensure(1024)
         self.num_decoders = 0
         self.timelines: dict[int, DecoderTimeline] = {}
-        self.segments: list[tuple] = []  # (accepted per round, tokens per round or None, k) of finished timelines
+        # the rounds of the timelines that left: accepted drafts per round, by k with a fixed width, else
+        # (accepted, tokens) per round
+        self.fixed_segments: dict[int, list[np.ndarray]] = {}
+        self.segments: list[tuple[np.ndarray, np.ndarray]] = []
         self.base_by_tokens = np.full(engine.max_num_batched_tokens + 1, -1, dtype=np.int64)  # tokens_subps memo
         # a fixed verify width over a precomputed table: a decoder verifying k = K drafts accepts A(u) (<= K)
         # every round, so its timeline follows from one global cumulative sum (_emitted_before)
@@ -562,21 +565,23 @@ class SpeculativeDecoding:
 
     def _segment_counters(self) -> None:
         """Add the vLLM counters of the rounds run by aggregated decoders (recorded as segments at leave)."""
-        if not self.segments:
+        if not self.segments and not self.fixed_segments:
             return
         accs, drafted_rounds, draft_tokens = [], 0, 0
-        for accepted, q, k in self.segments:
-            if q is None:  # fixed k drafts every round
-                accs.append(accepted)
-                drafted_rounds += len(accepted)
-                draft_tokens += self.verify_widths[k] * len(accepted)
-            else:
-                mask = q > 1
-                accs.append(accepted[mask])
-                drafted_rounds += int(mask.sum())
-                draft_tokens += int((q - 1).sum())
+        for k, arrays in self.fixed_segments.items():  # k drafts every round
+            accepted = np.concatenate(arrays)
+            accs.append(accepted)
+            drafted_rounds += len(accepted)
+            draft_tokens += self.verify_widths[k] * len(accepted)
+        for accepted, q in self.segments:
+            mask = q > 1
+            accs.append(accepted[mask])
+            drafted_rounds += int(mask.sum())
+            draft_tokens += int((q - 1).sum())
+        self.fixed_segments = {}
         self.segments = []
-        counts = np.bincount(np.concatenate(accs), minlength=self.num_speculative_tokens + 1).tolist()
+        counts = np.bincount(accs[0] if len(accs) == 1 else np.concatenate(accs),
+                             minlength=self.num_speculative_tokens + 1).tolist()
         self.num_drafts += drafted_rounds
         self.num_draft_tokens += draft_tokens
         at_least = 0
@@ -628,10 +633,11 @@ class SpeculativeDecoding:
             last_accepted = 0
             if accepted is not None:
                 last_accepted = int(accepted[m - 1])
-                if m < num_rounds:
-                    self.segments.append((accepted[:m], q[:m] if variable else None, timeline.k))
-                else:  # the whole timeline (its arrays hold exactly its rounds)
-                    self.segments.append((accepted, q if variable else None, timeline.k))
+                # the rounds run (a whole timeline's arrays hold exactly its rounds)
+                if variable:
+                    self.segments.append((accepted[:m], q[:m]) if m < num_rounds else (accepted, q))
+                else:
+                    self.fixed_segments.setdefault(timeline.k, []).append(accepted[:m] if m < num_rounds else accepted)
                 engine.rejected_drafts[r] = (int(q[m - 1]) if variable else q) - 1 - last_accepted
                 engine.rejected_at_step[r] = g - 1
             output_tokens = engine.output_tokens[r]
