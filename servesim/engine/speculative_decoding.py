@@ -373,7 +373,10 @@ class SpeculativeDecoding:
     # join, these per-round arrays are added into global per-step arrays (see join) indexed by
     # the absolute step number; a run of decode steps is then a few vector operations on slices of them,
     # and a finish, an arrival or a failing block allocation ends the run. When the global k changes
-    # (batch-size schedule), every decoder's remaining timeline is recomputed.
+    # (batch-size schedule), every decoder's remaining timeline is recomputed. With a fixed verify width,
+    # k = K and a precomputed table (the common case), a join reads its rounds off one cumulative sum of
+    # the whole table, built once (_join_fixed); runs of at most SHORT_RUN steps are summed in plain
+    # integers (_short_run).
 
     def _ensure(self, end: int) -> None:
         if end > self.capacity:
@@ -425,7 +428,8 @@ class SpeculativeDecoding:
         # first draw and the end of its rounds, for all requests at once (8 bytes per request)
         first = np.asarray(self.round_offset, dtype=np.int64) + 2
         before = out[first]
-        stop = out.searchsorted((before + (np.asarray(self.engine.output_tokens, dtype=np.int64) - 1)).astype(out.dtype))
+        remaining = np.asarray(self.engine.output_tokens, dtype=np.int64) - 1
+        stop = out.searchsorted((before + remaining).astype(out.dtype))
         self.first_before = array("q", before.astype(np.int64).tobytes())
         self.first_stop = array("q", stop.astype(np.int64).tobytes())
         return out
