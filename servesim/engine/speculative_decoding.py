@@ -50,7 +50,9 @@ from __future__ import annotations
 
 import weakref
 
+from array import array
 from dataclasses import dataclass
+from math import inf
 
 import numpy as np
 
@@ -109,15 +111,19 @@ class DecoderTimeline:
     Attributes:
         start_step: the step of its first round here.
         num_rounds: rounds until it emits its last token (J).
-        computed_before: int64 (J,), its computed tokens before each round (``ncb``).
-        blocks_held: int64 (J,), the KV blocks it holds after each round's allocation.
-        accepted: int64 (J,), drafts accepted in each round; None with k = 0.
+        computed_before: integer (J,), its computed tokens before each round (``ncb``).
+        blocks_held: integer (J,), the KV blocks it holds after each round's allocation.
+        accepted: integer (J,), drafts accepted in each round; None with k = 0.
         generated_at_start: its generated tokens before the first round.
         blocks_at_start: its KV blocks before the first round.
         round_at_start: its verification rounds before the first round (its acceptance draws' index).
-        new_blocks: int64 (J,), KV blocks allocated in each round.
+        new_blocks: integer (J,), KV blocks allocated in each round.
         scheduled: tokens scheduled in each round (1 + drafts): int64 (J,) when the width varies, else an int.
         k: drafts per round.
+
+    The arrays are int64, or int32 where they come from the int32 acceptance table and its cumulative sum
+    (:meth:`SpeculativeDecoding._emitted_before`; ``accepted`` is then a view of the table): nothing writes
+    into them after the join.
     """
 
     start_step: int
@@ -135,6 +141,9 @@ class DecoderTimeline:
 
 SHORT_RUN = 24
 """Runs of at most this many decode steps are summed in plain Python (numpy's per-call cost dominates)."""
+
+EMITTED_CHUNK = 1 << 20
+"""Rounds of the acceptance table summed at a time when the fixed-width join's cumulative sum is built."""
 
 SUBPS_SUM_MAX = 2**62
 """Bound on a vector run's summed step durations (2^-16 ps, about 70 s): int64 with room for the remainder."""
@@ -208,8 +217,21 @@ class SpeculativeDecoding:
         self._ensure(1024)
         self.num_decoders = 0
         self.timelines: dict[int, DecoderTimeline] = {}
-        self.segments: list[tuple] = []  # (accepted per round, tokens per round or None, k) of finished timelines
+        # the rounds of the timelines that left: accepted drafts per round, by k with a fixed width, else
+        # (accepted, tokens) per round
+        self.fixed_segments: dict[int, list[np.ndarray]] = {}
+        self.segments: list[tuple[np.ndarray, np.ndarray]] = []
         self.base_by_tokens = np.full(engine.max_num_batched_tokens + 1, -1, dtype=np.int64)  # tokens_subps memo
+        # a fixed verify width over a precomputed table: a decoder verifying k = K drafts accepts A(u) (<= K)
+        # every round, so its timeline follows from one global cumulative sum (_emitted_before)
+        self.fixed_table = spec.accept_table is not None and not self.variable_width
+        # k proposed every step when neither a batch-size schedule nor disable_by_batch_size varies it
+        self.static_k = K if spec.schedule.entries is None and spec.disable_by_batch_size is None else None
+        self.run_terms: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}  # _run_terms memo
+        self.emitted_before: np.ndarray | None = None
+        self.emitted_key = np.int64  # the scalar type of emitted_before
+        self.first_before = array("q")  # per request, C at its first draw (see _emitted_before)
+        self.first_stop = array("q")  # per request, the end of its rounds from its first join in C
         if num_requests:
             self.check_peak_fits()
 
@@ -351,7 +373,10 @@ class SpeculativeDecoding:
     # join, these per-round arrays are added into global per-step arrays (see join) indexed by
     # the absolute step number; a run of decode steps is then a few vector operations on slices of them,
     # and a finish, an arrival or a failing block allocation ends the run. When the global k changes
-    # (batch-size schedule), every decoder's remaining timeline is recomputed.
+    # (batch-size schedule), every decoder's remaining timeline is recomputed. With a fixed verify width,
+    # k = K and a precomputed table (the common case), a join reads its rounds off one cumulative sum of
+    # the whole table, built once (_join_fixed); runs of at most SHORT_RUN steps are summed in plain
+    # integers (_short_run).
 
     def _ensure(self, end: int) -> None:
         if end > self.capacity:
@@ -381,6 +406,92 @@ class SpeculativeDecoding:
             self._retime(g_next, k_new)
         self.k = k_new
 
+    def _emitted_before(self) -> np.ndarray:
+        """Tokens emitted by all the table's rounds before each round, if every round verified K drafts:
+        int (total rounds + 3,), ``C[j + 2] = sum over i < j of (1 + A_i)`` with two leading zeros (so that
+        :meth:`join` may read the two entries before a request's first round); request ``r``'s rounds
+        ``j >= j0`` then emit ``C[offset_r + j + 3] - C[offset_r + j0 + 2]`` tokens by round ``j``'s end.
+        Strictly increasing from index 2 (every round emits at least one token). int32 when the sum fits,
+        else int64; never written after it is built."""
+        table = self.spec.accept_table
+        total_rounds = table.shape[0]
+        fits = total_rounds * (self.num_speculative_tokens + 1) < 2**31
+        out = np.zeros(total_rounds + 3, dtype=np.int32 if fits else np.int64)
+        for start in range(0, total_rounds, EMITTED_CHUNK):  # in chunks: no temporary as large as the table
+            stop = min(start + EMITTED_CHUNK, total_rounds)
+            chunk = out[start + 3:stop + 3]
+            np.cumsum(table[start:stop] + 1, dtype=out.dtype, out=chunk)
+            chunk += out[start + 2]
+        self.emitted_before = out
+        self.emitted_key = out.dtype.type
+        # every request's first join (no round yet, its first token generated by its prefill): C at its
+        # first draw and the end of its rounds, for all requests at once (8 bytes per request)
+        first = np.asarray(self.round_offset, dtype=np.int64) + 2
+        before = out[first]
+        remaining = np.asarray(self.engine.output_tokens, dtype=np.int64) - 1
+        stop = out.searchsorted((before + remaining).astype(out.dtype))
+        self.first_before = array("q", before.astype(np.int64).tobytes())
+        self.first_stop = array("q", stop.astype(np.int64).tobytes())
+        return out
+
+    def _join_fixed(self, r: int, g: int, k: int, computed0: int, generated0: int, remaining: int) -> None:
+        """:meth:`join` for ``k = K`` drafts with a fixed verify width over the precomputed table (accepted
+        ``min(A, K) = A``): the same timeline from a few slices of :meth:`_emitted_before`. With
+        ``s`` the decoder's first draw and ``b = C[s + 2]``: its rounds are those until ``C`` reaches ``b +
+        remaining``, ``ncb_i = computed0 + C[s + 2 + i] - b``, and its KV need ``(ncb_i + q + L + bs - 1) //
+        bs``; under async scheduling round ``i >= 1`` adds the previous round's rejected drafts, and
+        ``ncb_i + rejected_i = ncb_{i-1} + 1 + a_{i-1} + q - 1 - a_{i-1} = ncb_{i-1} + q``, so its need
+        reads ``C`` one round earlier (round 0's rejected drafts are the request's own)."""
+        engine = self.engine
+        emitted_before = self.emitted_before
+        if emitted_before is None:
+            emitted_before = self._emitted_before()
+        round0 = self.rounds_done[r]
+        s = self.round_offset[r] + round0
+        if round0 == 0 and generated0 == 1:
+            before, stop = self.first_before[r], self.first_stop[r]
+        else:
+            before = int(emitted_before[s + 2])
+            # C[stop] is the first >= before + remaining (a key of C's own dtype: a Python int would make
+            # searchsorted convert all of C)
+            stop = int(emitted_before.searchsorted(self.emitted_key(before + remaining)))
+        num_rounds = stop - 2 - s
+        shift = computed0 - before
+        ncb = emitted_before[s + 2:stop] + shift
+        q = self.verify_widths[k] + 1
+        bs = engine.block_size
+        blocks0 = engine.num_blocks[r]
+        rejected0 = (engine.rejected_drafts[r] if engine.async_scheduling and engine.rejected_at_step[r] == g - 1
+                     else 0)
+        first_need = (computed0 + rejected0 + q + self.lookahead_slots + bs - 1) // bs
+        # need[j] is the KV need of round j - 1 (need[0] is replaced by the blocks held before round 0)
+        if engine.async_scheduling:
+            need = emitted_before[s:stop - 1] + (shift + 2 * q + self.lookahead_slots + bs - 1)
+            need //= bs
+            need[1] = first_need
+        else:
+            need = emitted_before[s + 1:stop] + (shift + q + self.lookahead_slots + bs - 1)
+            need //= bs  # need[1] == first_need
+        need[0] = blocks0
+        if rejected0 > q:  # round 0's need could exceed round 1's (a wider verify before the join)
+            np.maximum(need, blocks0, out=need)
+            np.maximum.accumulate(need, out=need)
+        elif first_need < blocks0:  # else need is non-decreasing from a first round that needs >= blocks0
+            np.maximum(need, blocks0, out=need)
+        held = need[1:]
+        new_blocks = held - need[:-1]
+        end = g + num_rounds
+        if end > self.capacity:
+            self._ensure(end)
+        sums = self.step_computed[g:end]
+        sums += ncb
+        sums = self.step_new_blocks[g:end]
+        sums += new_blocks
+        self.timelines[r] = DecoderTimeline(g, num_rounds, ncb, held, self.spec.accept_table[s:s + num_rounds],
+                                            generated0, blocks0, round0, new_blocks, q, k)
+        self.num_decoders += 1
+        engine.add_finish(r, end - 1)
+
     def join(self, r: int, g: int, k: int | None = None) -> None:
         """Add decoder r's timeline from step g (k drafts per round) to the per-step sums.
 
@@ -396,10 +507,13 @@ class SpeculativeDecoding:
             if engine.async_scheduling and engine.prefix_caching:  # retimed decoders keep theirs (set at leave)
                 inflight = engine.emitted_tokens[r] if engine.last_emit_ps[r] == engine.now else 0
                 self.known_at_join[r] = engine.prompt_tokens[r] + engine.num_generated[r] - inflight
-        computed0, generated0, blocks0, round0 = (engine.num_computed[r], engine.num_generated[r],
-                                                  engine.num_blocks[r], self.rounds_done[r])
-        first_round, table = self.acceptance_tables[r]
+        computed0, generated0 = engine.num_computed[r], engine.num_generated[r]
         remaining = engine.output_tokens[r] - generated0
+        if k == self.num_speculative_tokens and self.fixed_table and remaining > 0:
+            self._join_fixed(r, g, k, computed0, generated0, remaining)
+            return
+        blocks0, round0 = engine.num_blocks[r], self.rounds_done[r]
+        first_round, table = self.acceptance_tables[r]
         draws = table[round0 - first_round: round0 - first_round + remaining]
         variable = self.variable_width
         if k == 0:
@@ -455,21 +569,23 @@ class SpeculativeDecoding:
 
     def _segment_counters(self) -> None:
         """Add the vLLM counters of the rounds run by aggregated decoders (recorded as segments at leave)."""
-        if not self.segments:
+        if not self.segments and not self.fixed_segments:
             return
         accs, drafted_rounds, draft_tokens = [], 0, 0
-        for accepted, q, k in self.segments:
-            if q is None:  # fixed k drafts every round
-                accs.append(accepted)
-                drafted_rounds += len(accepted)
-                draft_tokens += self.verify_widths[k] * len(accepted)
-            else:
-                mask = q > 1
-                accs.append(accepted[mask])
-                drafted_rounds += int(mask.sum())
-                draft_tokens += int((q - 1).sum())
+        for k, arrays in self.fixed_segments.items():  # k drafts every round
+            accepted = np.concatenate(arrays)
+            accs.append(accepted)
+            drafted_rounds += len(accepted)
+            draft_tokens += self.verify_widths[k] * len(accepted)
+        for accepted, q in self.segments:
+            mask = q > 1
+            accs.append(accepted[mask])
+            drafted_rounds += int(mask.sum())
+            draft_tokens += int((q - 1).sum())
+        self.fixed_segments = {}
         self.segments = []
-        counts = np.bincount(np.concatenate(accs), minlength=self.num_speculative_tokens + 1).tolist()
+        counts = np.bincount(accs[0] if len(accs) == 1 else np.concatenate(accs),
+                             minlength=self.num_speculative_tokens + 1).tolist()
         self.num_drafts += drafted_rounds
         self.num_draft_tokens += draft_tokens
         at_least = 0
@@ -517,17 +633,22 @@ class SpeculativeDecoding:
                 self.step_token_context[g:end] -= qs * ncb[m:]
                 self.step_token_pairs[g:end] -= qs * (qs + 1) // 2
         accepted = timeline.accepted
-        if m and accepted is not None:
-            self.segments.append((accepted[:m], q[:m] if variable else None, timeline.k))
-            engine.rejected_drafts[r] = int(q[m - 1] if variable else q) - 1 - int(accepted[m - 1])
-            engine.rejected_at_step[r] = g - 1
         if m:
+            last_accepted = 0
+            if accepted is not None:
+                last_accepted = int(accepted[m - 1])
+                # the rounds run (a whole timeline's arrays hold exactly its rounds)
+                if variable:
+                    self.segments.append((accepted[:m], q[:m]) if m < num_rounds else (accepted, q))
+                else:
+                    self.fixed_segments.setdefault(timeline.k, []).append(accepted[:m] if m < num_rounds else accepted)
+                engine.rejected_drafts[r] = (int(q[m - 1]) if variable else q) - 1 - last_accepted
+                engine.rejected_at_step[r] = g - 1
             output_tokens = engine.output_tokens[r]
             if m < num_rounds:
                 computed = int(ncb[m])
                 generated = timeline.generated_at_start + computed - int(ncb[0])
             else:
-                last_accepted = int(accepted[num_rounds - 1]) if accepted is not None else 0
                 computed = int(ncb[num_rounds - 1]) + 1 + last_accepted
                 generated = output_tokens
             engine.num_computed[r] = computed
@@ -640,6 +761,22 @@ class SpeculativeDecoding:
         ok = room > 0 if engine.enable_chunked_prefill else room >= head_tokens
         return int(np.argmax(ok)) if ok.any() else None
 
+    def _run_terms(self, num_decoders: int, k_step: int, k_new: int) -> tuple[int, int, int, int]:
+        """(tokens scheduled, step time less its context term, 2^-16 ps per computed token, context-free time
+        of ``num_decoders`` one-token requests) of a fixed-width run step of ``num_decoders`` decoders
+        verifying ``k_step`` drafts and proposing ``k_new`` (2^-16 ps), memoised in ``run_terms``."""
+        st, drafter = self.engine.step_time, self.spec.drafter
+        kv_rate = st.kv_subps_per_token + drafter.kv_subps_per_draft_token * k_new
+        q = self.verify_widths[k_step] + 1
+        first_tokens = num_decoders * q
+        const = (st.base_subps(first_tokens, first_tokens, num_decoders) + kv_rate * first_tokens
+                 + st.attn_subps_per_pair * num_decoders * (q * (q + 1) // 2)
+                 + drafter.const_subps(first_tokens, num_decoders, k_new))
+        terms = (first_tokens, const, kv_rate + st.attn_subps_per_pair * q,
+                 st.base_subps(num_decoders, num_decoders, num_decoders))
+        self.run_terms[(num_decoders, k_step, k_new)] = terms
+        return terms
+
     def run(self, g: int, head_tokens: int | None = None) -> None:
         """A run of decode-only steps from step ``g`` up to the next event, as vector operations on the
         per-step sums.
@@ -650,7 +787,7 @@ class SpeculativeDecoding:
         num_decoders = self.num_decoders
         t0 = engine.now
         k_step = self.k
-        k_new = self.k_for_next_step(num_decoders)
+        k_new = self.static_k if self.static_k is not None else self.k_for_next_step(num_decoders)
         n = engine.next_finish() - g + 1
         if engine.stale or k_new != k_step or engine.finishing:
             n = 1
@@ -659,14 +796,17 @@ class SpeculativeDecoding:
         st, drafter = engine.step_time, self.spec.drafter
         kv_draft = drafter.kv_subps_per_draft_token * k_new
         t_lim = engine.limit_time()
+        fixed = not self.variable_width
+        if fixed:
+            terms = self.run_terms.get((num_decoders, k_step, k_new)) or self._run_terms(num_decoders, k_step, k_new)
         if t_lim is not None and n > 1:
             # step times only grow within a run (contexts grow), so the first step's time bounds how many
             # steps can pass before t_lim: evaluate no more than that
-            d_first = (st.base_subps(num_decoders, num_decoders, num_decoders)
-                       + (st.kv_subps_per_token + kv_draft) * int(self.step_computed[g])) >> SUBPS_BITS
+            base = terms[3] if fixed else st.base_subps(num_decoders, num_decoders, num_decoders)
+            d_first = (base + (st.kv_subps_per_token + kv_draft) * int(self.step_computed[g])) >> SUBPS_BITS
             n = min(n, (t_lim - t0) // max(d_first, 1) + 2)
-        if n <= SHORT_RUN and not self.variable_width:
-            self._short_run(g, n, t_lim, k_step, k_new, kv_draft)
+        if n <= SHORT_RUN and fixed:
+            self._short_run(g, n, t_lim, k_step, k_new, terms)
             return
         end = g + n
         ncb = self.step_computed[g:end]
@@ -696,12 +836,8 @@ class SpeculativeDecoding:
             first_tokens = int(tokens[0])
             longest = int(durations.max())
         else:
-            q = self.verify_widths[k_step] + 1
-            first_tokens = num_decoders * q
-            const = (st.base_subps(first_tokens, first_tokens, num_decoders) + (st.kv_subps_per_token + kv_draft) * first_tokens
-                     + st.attn_subps_per_pair * num_decoders * (q * (q + 1) // 2)
-                     + drafter.const_subps(first_tokens, num_decoders, k_new))
-            durations = (st.kv_subps_per_token + kv_draft + st.attn_subps_per_pair * q) * ncb + const
+            first_tokens, const, slope, _ = terms
+            durations = slope * ncb + const
             longest = int(durations[n - 1])  # contexts only grow within a run
         if longest * n >= SUBPS_SUM_MAX:  # keep the run's sum (2^-16 ps) within int64
             n = max(1, SUBPS_SUM_MAX // longest)
@@ -731,22 +867,26 @@ class SpeculativeDecoding:
         late = int(np.dot(self.step_new_blocks[g + 1:g + n], ends[:n - 1])) if n > 1 else 0
         if late:
             engine.kv_late.append((len(engine.row_log), late))
-        self._end_run(g, n, ends[:n], first_tokens, used, k_step, k_new)
+        self._end_run(g, n, ends[:n], int(ends[0]), duration, first_tokens, used, k_step, k_new)
 
-    def _end_run(self, g: int, n: int, ends, first_tokens: int, used: int, k_step: int, k_new: int) -> None:
-        """Log a run of ``n`` steps from step ``g`` (``ends``: its steps' ends after its start, ps; each step
-        scheduling ``first_tokens`` tokens at its first step; ``used`` blocks in use at its end), advance
-        the clock to its end, and let the decoders that finish in its last step leave."""
+    def _end_run(self, g: int, n: int, ends, d0: int, duration: int, first_tokens: int, used: int, k_step: int,
+                 k_new: int) -> None:
+        """Log a run of ``n`` steps from step ``g`` (``ends``: its steps' ends after its start, ps, ``d0`` the
+        first and ``duration`` the last; each step scheduling ``first_tokens`` tokens at its first step;
+        ``used`` blocks in use at its end), advance the clock to its end, and let the decoders that finish
+        in its last step leave."""
         engine = self.engine
         num_decoders = self.num_decoders
         t0 = engine.now
-        duration = int(ends[n - 1])
-        d0 = int(ends[0])
-        itl = num_decoders - engine.flush_stale(t0 + d0)
-        inc = (duration - int(ends[n - 2]) - d0) // (n - 1) if n > 1 else 0
-        engine.rows.append((t0, n, d0, inc, duration, num_decoders, first_tokens, 0, itl, used,
-                                   len(engine.waiting), 0, k_step))
-        engine.record_summed_run(ends)
+        itl = num_decoders - engine.flush_stale(t0 + d0) if engine.stale else num_decoders
+        if n > 1:
+            inc = (duration - int(ends[n - 2]) - d0) // (n - 1)
+            engine.rows.append((t0, n, d0, inc, duration, num_decoders, first_tokens, 0, itl, used,
+                                len(engine.waiting), 0, k_step))
+            engine.record_summed_run(ends)
+        else:
+            engine.rows.append((t0, 1, d0, 0, duration, num_decoders, first_tokens, 0, itl, used,
+                                len(engine.waiting), 0, k_step))
         t1 = t0 + duration
         engine.now = t1
         engine.step_index = g + n
@@ -755,46 +895,45 @@ class SpeculativeDecoding:
             engine.release_finishing()
         engine.finish_decoders(g + n - 1, t1)
 
-    def _short_run(self, g: int, n: int, t_lim, k_step: int, k_new: int, kv_draft: int) -> None:
+    def _short_run(self, g: int, n: int, t_lim, k_step: int, k_new: int, terms: tuple) -> None:
         """:meth:`run` for at most SHORT_RUN steps with a fixed verify width, in plain integers: the same
-        sums, step by step, without the per-call cost of numpy on a handful of elements."""
+        sums, step by step, without the per-call cost of numpy on a handful of elements (``terms``:
+        :meth:`_run_terms`)."""
         engine = self.engine
-        num_decoders = self.num_decoders
-        st, drafter = engine.step_time, self.spec.drafter
+        first_tokens, const, slope, _ = terms
         t0 = engine.now
-        q = self.verify_widths[k_step] + 1
-        first_tokens = num_decoders * q
-        const = (st.base_subps(first_tokens, first_tokens, num_decoders) + (st.kv_subps_per_token + kv_draft) * first_tokens
-                 + st.attn_subps_per_pair * num_decoders * (q * (q + 1) // 2)
-                 + drafter.const_subps(first_tokens, num_decoders, k_new))
-        slope = st.kv_subps_per_token + kv_draft + st.attn_subps_per_pair * q
-        ncb = self.step_computed[g:g + n].tolist()
-        new_blocks = self.step_new_blocks[g:g + n].tolist()
-        free, t, m = engine.free_blocks, t0, 0
-        fine = engine.clock_subps  # the clock's remainder below t (2^-16 ps)
-        ends = []
-        kv_ps = 0
+        end = g + n
+        ncb = self.step_computed[g:end].tolist()
+        new_blocks = self.step_new_blocks[g:end].tolist()
         total = engine.total_blocks
-        for i in range(n):
-            if new_blocks[i] > free:  # this step's block allocation would fail: the run ends before it
+        used = total - engine.free_blocks
+        fine = engine.clock_subps  # the clock's remainder below the step's start (2^-16 ps)
+        limit = t_lim - t0 if t_lim is not None else inf  # the run ends with the step that reaches t_lim
+        ends = []
+        append = ends.append
+        elapsed = kv_ps = 0
+        bits, mask, kv_max = SUBPS_BITS, SUBPS_MASK, KV_BLOCK_PS_MAX
+        for computed, blocks in zip(ncb, new_blocks):
+            held = used + blocks
+            if held > total:  # this step's block allocation would fail: the run ends before it
                 break
-            step = fine + const + slope * ncb[i]
-            d = step >> SUBPS_BITS  # the step's duration on the ps clock
-            step_kv = (total - free + new_blocks[i]) * d
-            if m and kv_ps + step_kv >= KV_BLOCK_PS_MAX:  # keep the row's KV integral within int64
+            step = fine + const + slope * computed
+            d = step >> bits  # the step's duration on the ps clock
+            step_kv = held * d
+            if kv_ps + step_kv >= kv_max and ends:  # keep the row's KV integral within int64
                 break
-            fine = step & SUBPS_MASK
-            free -= new_blocks[i]
+            fine = step & mask
+            used = held
             kv_ps += step_kv
-            t += d
-            ends.append(t - t0)
-            m += 1
-            if t_lim is not None and t >= t_lim:
+            elapsed += d
+            append(elapsed)
+            if elapsed >= limit:
                 break
+        m = len(ends)
         engine.clock_subps = fine
         if engine.tracer is not None:
             engine.trace_run(g, m, [t0] + [t0 + e for e in ends[:-1]], [sum(new_blocks[:j + 1]) for j in range(m)], k_new)
-        engine.free_blocks = free
-        if kv_ps != (total - free) * (t - t0):
-            engine.kv_late.append((len(engine.row_log), (total - free) * (t - t0) - kv_ps))
-        self._end_run(g, m, ends, first_tokens, total - free, k_step, k_new)
+        engine.free_blocks = total - used
+        if kv_ps != used * elapsed:
+            engine.kv_late.append((len(engine.row_log), used * elapsed - kv_ps))
+        self._end_run(g, m, ends, ends[0], elapsed, first_tokens, used, k_step, k_new)
