@@ -172,7 +172,10 @@ class SpeculativeDecoding:
     def __init__(self, engine, spec: SpecSetup) -> None:
         # a weak reference: the engine owns its strategy, and without a cycle it is freed as soon as its
         # run's output is taken (its logs are the largest objects of a run)
+        # (a proxy for the cold paths; the hot ones dereference engine_ref once per call: every attribute
+        # access through a proxy costs about four times a direct one)
         self.engine = weakref.proxy(engine)
+        self.engine_ref = weakref.ref(engine)
         self.spec = spec
         num_requests = engine.num_requests
         self.num_speculative_tokens = K = spec.schedule.K
@@ -247,7 +250,7 @@ class SpeculativeDecoding:
         Raises:
             ValueError: one line naming the request, its peak (tokens, blocks) and the settings to change.
         """
-        engine = self.engine
+        engine = self.engine_ref()
         drafts = 0 if self.draft_budget_limit else min(self.verify_widths[self.num_speculative_tokens],
                                                        engine.max_num_batched_tokens - 1)
         total = np.asarray(engine.prompt_tokens, dtype=np.int64) + np.asarray(engine.output_tokens, dtype=np.int64)
@@ -287,7 +290,7 @@ class SpeculativeDecoding:
     def start_decode(self, r: int) -> None:
         """Build request r's acceptance table for the rest of its rounds (at the start of a decode phase)."""
         spec = self.spec
-        engine = self.engine
+        engine = self.engine_ref()
         output_tokens = engine.output_tokens[r]
         if spec.accept_table is not None:  # precomputed for every round of every request
             offset = self.round_offset[r]
@@ -324,7 +327,7 @@ class SpeculativeDecoding:
         the remaining output tokens minus one."""
         drafts = 0 if (k == 0 or draw < 0) else self.verify_widths[k]
         if self.draft_budget_limit:
-            engine = self.engine
+            engine = self.engine_ref()
             cap = engine.output_tokens[r] - engine.num_generated[r] - 1
             if drafts > cap:
                 drafts = cap  # llama.cpp: a draft never exceeds the remaining budget minus one
@@ -442,7 +445,7 @@ class SpeculativeDecoding:
         bs``; under async scheduling round ``i >= 1`` adds the previous round's rejected drafts, and
         ``ncb_i + rejected_i = ncb_{i-1} + 1 + a_{i-1} + q - 1 - a_{i-1} = ncb_{i-1} + q``, so its need
         reads ``C`` one round earlier (round 0's rejected drafts are the request's own)."""
-        engine = self.engine
+        engine = self.engine_ref()
         emitted_before = self.emitted_before
         if emitted_before is None:
             emitted_before = self._emitted_before()
@@ -501,7 +504,7 @@ class SpeculativeDecoding:
         from the decoder count and the computed tokens. The rounds actually run are recorded as a segment
         when the decoder leaves, and counted (vLLM's counters) once, at the end.
         """
-        engine = self.engine
+        engine = self.engine_ref()
         if k is None:
             k = self.k
             if engine.async_scheduling and engine.prefix_caching:  # retimed decoders keep theirs (set at leave)
@@ -617,7 +620,7 @@ class SpeculativeDecoding:
 
     def leave(self, r: int, g: int) -> int:
         """Remove decoder r at step g (its rounds before g done); write back its state; return its blocks."""
-        engine = self.engine
+        engine = self.engine_ref()
         timeline = self.timelines.pop(r)
         ncb, q = timeline.computed_before, timeline.scheduled
         m = g - timeline.start_step
@@ -668,7 +671,7 @@ class SpeculativeDecoding:
         """Prefix caching: what decoder ``r``, leaving after ``m >= 1`` rounds, noted at its last round's
         scheduling (as the engine's ``_note_many`` does in an exact step), and its newly full
         shareable blocks."""
-        engine = self.engine
+        engine = self.engine_ref()
         ncb = timeline.computed_before
         before = int(ncb[m - 1])  # its computed tokens when its last round was scheduled
         cached = self.round_cached(timeline, r, m - 1)
@@ -756,7 +759,7 @@ class SpeculativeDecoding:
         budget would admit the waiting head of ``head_tokens`` tokens (chunked prefill: any budget left;
         without: the whole prompt), or None. The verify width varies within a run (empty n-gram drafts,
         llama.cpp's draft budget), so a head blocked at the run's first step can become admissible later."""
-        engine = self.engine
+        engine = self.engine_ref()
         room = engine.max_num_batched_tokens - tokens - (self.num_decoders + 1) * engine.draft_slots  # the decoders' and the head's drafting slots
         ok = room > 0 if engine.enable_chunked_prefill else room >= head_tokens
         return int(np.argmax(ok)) if ok.any() else None
@@ -783,7 +786,7 @@ class SpeculativeDecoding:
 
         ``head_tokens``: tokens of the waiting head when only the token budget keeps it out; the run then
         ends before the first step whose budget admits it (:meth:`_admissible_at`)."""
-        engine = self.engine
+        engine = self.engine_ref()
         num_decoders = self.num_decoders
         t0 = engine.now
         k_step = self.k
@@ -875,7 +878,7 @@ class SpeculativeDecoding:
         first and ``duration`` the last; each step scheduling ``first_tokens`` tokens at its first step;
         ``used`` blocks in use at its end), advance the clock to its end, and let the decoders that finish
         in its last step leave."""
-        engine = self.engine
+        engine = self.engine_ref()
         num_decoders = self.num_decoders
         t0 = engine.now
         itl = num_decoders - engine.flush_stale(t0 + d0) if engine.stale else num_decoders
@@ -899,7 +902,7 @@ class SpeculativeDecoding:
         """:meth:`run` for at most SHORT_RUN steps with a fixed verify width, in plain integers: the same
         sums, step by step, without the per-call cost of numpy on a handful of elements (``terms``:
         :meth:`_run_terms`)."""
-        engine = self.engine
+        engine = self.engine_ref()
         first_tokens, const, slope, _ = terms
         t0 = engine.now
         end = g + n
