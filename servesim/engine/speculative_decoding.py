@@ -52,6 +52,7 @@ import weakref
 
 from array import array
 from dataclasses import dataclass
+from typing import NamedTuple
 from math import inf
 
 import numpy as np
@@ -137,6 +138,15 @@ class DecoderTimeline:
     new_blocks: np.ndarray
     scheduled: np.ndarray | int
     k: int
+
+
+class RunTerms(NamedTuple):
+    """The step-time terms of a fixed-width run step (2^-16 ps; :meth:`SpeculativeDecoding._run_terms`)."""
+
+    tokens: int  # tokens scheduled in the step (decoders x (1 + verify width))
+    const_subps: int  # the step's time less its context term
+    subps_per_computed_token: int  # growth of the step's time per computed token of the decoders
+    decode_base_subps: int  # context-free time of as many one-token requests (a run's first step, k = 0)
 
 
 SHORT_RUN = 24
@@ -230,7 +240,7 @@ class SpeculativeDecoding:
         self.fixed_table = spec.accept_table is not None and not self.variable_width
         # k proposed every step when neither a batch-size schedule nor disable_by_batch_size varies it
         self.static_k = K if spec.schedule.entries is None and spec.disable_by_batch_size is None else None
-        self.run_terms: dict[tuple[int, int, int], tuple[int, int, int, int]] = {}  # _run_terms memo
+        self.run_terms: dict[tuple[int, int, int], RunTerms] = {}  # _run_terms memo
         self.emitted_before: np.ndarray | None = None
         self.emitted_key = np.int64  # the scalar type of emitted_before
         self.first_before = array("q")  # per request, C at its first draw (see _emitted_before)
@@ -764,10 +774,9 @@ class SpeculativeDecoding:
         ok = room > 0 if engine.enable_chunked_prefill else room >= head_tokens
         return int(np.argmax(ok)) if ok.any() else None
 
-    def _run_terms(self, num_decoders: int, k_step: int, k_new: int) -> tuple[int, int, int, int]:
-        """(tokens scheduled, step time less its context term, 2^-16 ps per computed token, context-free time
-        of ``num_decoders`` one-token requests) of a fixed-width run step of ``num_decoders`` decoders
-        verifying ``k_step`` drafts and proposing ``k_new`` (2^-16 ps), memoised in ``run_terms``."""
+    def _run_terms(self, num_decoders: int, k_step: int, k_new: int) -> RunTerms:
+        """The :class:`RunTerms` of a fixed-width run step of ``num_decoders`` decoders verifying ``k_step``
+        drafts and proposing ``k_new``, memoised in ``run_terms``."""
         st, drafter = self.engine.step_time, self.spec.drafter
         kv_rate = st.kv_subps_per_token + drafter.kv_subps_per_draft_token * k_new
         q = self.verify_widths[k_step] + 1
@@ -775,8 +784,8 @@ class SpeculativeDecoding:
         const = (st.base_subps(first_tokens, first_tokens, num_decoders) + kv_rate * first_tokens
                  + st.attn_subps_per_pair * num_decoders * (q * (q + 1) // 2)
                  + drafter.const_subps(first_tokens, num_decoders, k_new))
-        terms = (first_tokens, const, kv_rate + st.attn_subps_per_pair * q,
-                 st.base_subps(num_decoders, num_decoders, num_decoders))
+        terms = RunTerms(first_tokens, const, kv_rate + st.attn_subps_per_pair * q,
+                         st.base_subps(num_decoders, num_decoders, num_decoders))
         self.run_terms[(num_decoders, k_step, k_new)] = terms
         return terms
 
@@ -805,7 +814,7 @@ class SpeculativeDecoding:
         if t_lim is not None and n > 1:
             # step times only grow within a run (contexts grow), so the first step's time bounds how many
             # steps can pass before t_lim: evaluate no more than that
-            base = terms[3] if fixed else st.base_subps(num_decoders, num_decoders, num_decoders)
+            base = terms.decode_base_subps if fixed else st.base_subps(num_decoders, num_decoders, num_decoders)
             d_first = (base + (st.kv_subps_per_token + kv_draft) * int(self.step_computed[g])) >> SUBPS_BITS
             n = min(n, (t_lim - t0) // max(d_first, 1) + 2)
         if n <= SHORT_RUN and fixed:
@@ -898,7 +907,7 @@ class SpeculativeDecoding:
             engine.release_finishing()
         engine.finish_decoders(g + n - 1, t1)
 
-    def _short_run(self, g: int, n: int, t_lim, k_step: int, k_new: int, terms: tuple) -> None:
+    def _short_run(self, g: int, n: int, t_lim, k_step: int, k_new: int, terms: RunTerms) -> None:
         """:meth:`run` for at most SHORT_RUN steps with a fixed verify width, in plain integers: the same
         sums, step by step, without the per-call cost of numpy on a handful of elements (``terms``:
         :meth:`_run_terms`)."""
