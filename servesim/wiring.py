@@ -254,7 +254,9 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
         # from the same stream of uniforms drawn in chunks (a Generator's doubles do not depend on how the
         # draws are split), so that no float64 per output token is held beside the table
         p = np.cumprod(profile.conditional_rates(spec.num_speculative_tokens))
-        accept_table = np.zeros(total_rounds, dtype=np.int32)
+        # one byte per output token where K + 1 fits int8 (K <= 126; vLLM allows up to 128)
+        accept_dtype = np.int8 if spec.num_speculative_tokens < np.iinfo(np.int8).max else np.int16
+        accept_table = np.zeros(total_rounds, dtype=accept_dtype)
         buffer = np.empty(min(ACCEPTANCE_DRAW_CHUNK, total_rounds))
         for start in range(0, total_rounds, ACCEPTANCE_DRAW_CHUNK):
             chunk = buffer[: min(ACCEPTANCE_DRAW_CHUNK, total_rounds - start)]

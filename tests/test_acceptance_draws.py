@@ -4,6 +4,7 @@ results, whatever the chunk size, for EAGLE and for n-gram (whose empty drafts c
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -39,3 +40,52 @@ def test_the_table_is_what_one_draw_gives(monkeypatch):
     simulate(CASES["eagle"])
     assert len(seen) == 2 and seen[0].size > 1000
     assert (seen[0] == seen[1]).all()
+
+
+#: k per batch size: decoders join with k below K and are retimed when k changes (the general join)
+K_TABLE = dict(CASES["eagle-preemption"], speculative_config={
+    "method": "eagle", "num_speculative_tokens": 3,
+    "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 5, 2], [6, 4096, 1]]})
+
+
+@pytest.mark.parametrize("name", ["eagle-preemption", "ngram-preemption", "k-table"])
+def test_the_one_byte_table_gives_the_run_of_a_wide_one(name, monkeypatch):
+    """The table is int8 (one byte per output token); the engine computes with it in int64 where a round's
+    draw meets token counts (the general join: n-gram's varying width, k below K, retimed decoders), so
+    the run equals the run of the same table widened to int64."""
+    config = K_TABLE if name == "k-table" else CASES[name]
+    seen = []
+    original = wiring._spec_setup
+
+    def widened(*args, **kwargs):
+        setup = original(*args, **kwargs)
+        seen.append(setup.accept_table.dtype)
+        setup.accept_table = setup.accept_table.astype("int64")
+        return setup
+
+    narrow = simulate(config)
+    monkeypatch.setattr(wiring, "_spec_setup", widened)
+    wide = simulate(config)
+    assert seen == [np.dtype("int8")]
+    pd.testing.assert_frame_equal(narrow.requests, wide.requests)
+    pd.testing.assert_frame_equal(narrow.steps, wide.steps)
+    assert narrow.summary == wide.summary
+
+
+def test_a_table_for_more_than_126_drafts_is_int16(monkeypatch):
+    """A(u) reaches K and the join adds 1: beyond K = 126 an int8 would wrap."""
+    seen = []
+    original = wiring._spec_setup
+
+    def spy(*args, **kwargs):
+        setup = original(*args, **kwargs)
+        seen.append((setup.accept_table.dtype, int(setup.accept_table.max())))
+        return setup
+
+    monkeypatch.setattr(wiring, "_spec_setup", spy)
+    spec = {"method": "eagle", "num_speculative_tokens": 127,
+            "acceptance": {"source": "test", "per_position_acceptance": [0.999] * 127}}
+    simulate(dict(CASES["eagle"], speculative_config=spec,
+                  workload=dict(CASES["eagle"]["workload"], num_requests=20)))
+    dtype, largest = seen[0]
+    assert dtype == np.dtype("int16") and largest > 100

@@ -78,8 +78,9 @@ class SpecSetup:
             r's rounds start at the sum of the output tokens of requests before it); None when
             ``accept_table`` is given.
         factors: float64 (N,) per-request acceptance factors, or None (no heterogeneity).
-        accept_table: int32 (same shape as uniforms), ``A(u)`` of every uniform (-1 = empty n-gram
-            draft), precomputed when acceptance depends on neither the request nor its context.
+        accept_table: int8 (int16 for K > 126; same shape as uniforms), ``A(u)`` of every uniform (-1 =
+            empty n-gram draft), precomputed when acceptance depends on neither the request nor its
+            context; any integer dtype works (the engine casts where it computes with it).
         tree_nodes: draft tokens per round of a draft tree (its nodes below the root; the tree's depth is
             K), or None for a chain.
         draft_budget_limit: llama.cpp's rule, a round drafts at most the request's remaining output
@@ -122,9 +123,9 @@ class DecoderTimeline:
         scheduled: tokens scheduled in each round (1 + drafts): int64 (J,) when the width varies, else an int.
         k: drafts per round.
 
-    The arrays are int64, or int32 where they come from the int32 acceptance table and its cumulative sum
-    (:meth:`SpeculativeDecoding._emitted_before`; ``accepted`` is then a view of the table): nothing writes
-    into them after the join.
+    The arrays are int64, or of the acceptance table's and its cumulative sum's dtypes where they come from
+    them (:meth:`SpeculativeDecoding._emitted_before`; ``accepted`` is then a view of the int8 table):
+    nothing writes into them after the join.
     """
 
     start_step: int
@@ -527,7 +528,8 @@ class SpeculativeDecoding:
             return
         blocks0, round0 = engine.num_blocks[r], self.rounds_done[r]
         first_round, table = self.acceptance_tables[r]
-        draws = table[round0 - first_round: round0 - first_round + remaining]
+        # int64: the precomputed table is int8, and arithmetic with a request's token counts must not wrap
+        draws = table[round0 - first_round: round0 - first_round + remaining].astype(np.int64)
         variable = self.variable_width
         if k == 0:
             num_rounds = remaining
