@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from importlib import import_module
+from servesim.lazy_exports import lazy_exports
 
 # name -> submodule. The names load on first use (PEP 562): a run needs the cards and their loader, not the
 # Hugging Face config.json reader (start-up time of ``servesim run``).
@@ -25,17 +25,7 @@ _SOURCES: dict[str, str] = {
 }
 
 
-def __getattr__(name: str):
-    module = _SOURCES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'servesim.cards' has no attribute {name!r}")
-    value = getattr(import_module(f"servesim.cards.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SOURCES))
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
 
 
 __all__ = [
