@@ -203,3 +203,17 @@ def test_run_with_speculation_imports_the_runtime_model_only(tmp_path):
     assert {"servesim.speculation.config", "servesim.speculation.profile", "servesim.engine.speculative_decoding"} <= loaded
     assert [m for m in NOT_ON_THE_RUN_PATH if _loaded(m, loaded)] == []
 
+
+
+def test_a_run_config_builds_one_validator_for_its_workload():
+    """The workload, length and system-prompt models are validated inside ``SimConfig`` only: loading a run
+    config (and importing the workload builder, as a run does) builds no validator of their own
+    (pydantic ``defer_build``), and the standalone workload-file model is built only when such a file is read."""
+    code = ("import json; from servesim.config.models import load_config; import servesim.workload.build as b;"
+            "from servesim.workload import config as c, lengths as l, system_prompts as s;"
+            f"load_config({str(ROOT / 'experiments/azure-conv-llama8b-h100.yaml')!r});"
+            "models = [b.WorkloadFile, c.TraceWorkloadConfig, c.PoissonWorkloadConfig, c.MultiTurnWorkloadConfig,"
+            " l.UniformLengthConfig, l.EmpiricalPairsConfig, s.SystemPromptsConfig];"
+            "print(json.dumps([m.__name__ for m in models if m.__pydantic_complete__]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == []
