@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "servesim"
 
@@ -172,10 +174,11 @@ def _loaded(prefix: str, modules: set[str]) -> bool:
     return any(m == prefix or m.startswith(prefix + ".") for m in modules)
 
 
-def test_lazy_package_names_all_load():
-    """``servesim.workload`` loads its names on first use: each one in ``__all__`` resolves, and importing
-    the package alone loads none of its submodules."""
-    code = ("import json, sys, servesim.workload as w; before = sorted(m for m in sys.modules if m.startswith('servesim.workload.'));"
+@pytest.mark.parametrize("package", ["servesim.workload", "servesim.cards"])
+def test_lazy_package_names_all_load(package):
+    """``servesim.workload`` and ``servesim.cards`` load their names on first use: each one in ``__all__``
+    resolves, and importing the package alone loads none of its submodules."""
+    code = (f"import json, sys, {package} as w; before = sorted(m for m in sys.modules if m.startswith('{package}.'));"
             "missing = [n for n in w.__all__ if getattr(w, n, None) is None]; print(json.dumps([before, missing]))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     before, missing = json.loads(done.stdout)
@@ -188,9 +191,10 @@ def test_run_without_plot_imports_only_what_the_run_needs(tmp_path):
     assert [m for m in NOT_ON_THE_RUN_PATH if _loaded(m, loaded)] == []
     # the config has no speculative_config; the next test, with one, sees the same check find the package
     assert not _loaded("servesim.speculation", loaded)
-    # an Azure trace replay loads neither the other trace parser nor the generators it does not use
+    # an Azure trace replay loads neither the other trace parser nor the generators it does not use, and a
+    # shipped model card needs no Hugging Face config.json reader
     unused = ("servesim.workload.mooncake", "servesim.workload.multi_turn", "servesim.workload.arrival_processes",
-              "servesim.workload.content")
+              "servesim.workload.content", "servesim.cards.hf_config")
     assert [m for m in unused if m in loaded] == []
 
 
@@ -199,3 +203,17 @@ def test_run_with_speculation_imports_the_runtime_model_only(tmp_path):
     assert {"servesim.speculation.config", "servesim.speculation.profile", "servesim.engine.speculative_decoding"} <= loaded
     assert [m for m in NOT_ON_THE_RUN_PATH if _loaded(m, loaded)] == []
 
+
+
+def test_a_run_config_builds_one_validator_for_its_workload():
+    """The workload, length and system-prompt models are validated inside ``SimConfig`` only: loading a run
+    config (and importing the workload builder, as a run does) builds no validator of their own
+    (pydantic ``defer_build``), and the standalone workload-file model is built only when such a file is read."""
+    code = ("import json; from servesim.config.models import load_config; import servesim.workload.build as b;"
+            "from servesim.workload import config as c, lengths as l, system_prompts as s;"
+            f"load_config({str(ROOT / 'experiments/azure-conv-llama8b-h100.yaml')!r});"
+            "models = [b.WorkloadFile, c.TraceWorkloadConfig, c.PoissonWorkloadConfig, c.MultiTurnWorkloadConfig,"
+            " l.UniformLengthConfig, l.EmpiricalPairsConfig, s.SystemPromptsConfig];"
+            "print(json.dumps([m.__name__ for m in models if m.__pydantic_complete__]))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert json.loads(done.stdout) == []

@@ -10,19 +10,23 @@
 
 from __future__ import annotations
 
-from servesim.cards.dtypes import BYTES_PER_ELEMENT, KVCacheDtype, WeightDtype, bytes_per_element
-from servesim.cards.hardware import HardwareCard, vllm_default_scheduler_limits
-from servesim.cards.hf_config import hf_config_to_card_data, load_hf_config
-from servesim.cards.loading import (
-    available_hardware,
-    available_models,
-    cards_dirs,
-    clear_card_cache,
-    load_hardware,
-    load_model,
-)
-from servesim.cards.model import ModelCard
-from servesim.cards.params import ParamCounts, count_params
+from servesim.lazy_exports import lazy_exports
+
+# name -> submodule. The names load on first use (PEP 562): a run needs the cards and their loader, not the
+# Hugging Face config.json reader (start-up time of ``servesim run``).
+_SOURCES: dict[str, str] = {
+    **dict.fromkeys(("BYTES_PER_ELEMENT", "KVCacheDtype", "WeightDtype", "bytes_per_element"), "dtypes"),
+    **dict.fromkeys(("HardwareCard", "vllm_default_scheduler_limits"), "hardware"),
+    **dict.fromkeys(("hf_config_to_card_data", "load_hf_config"), "hf_config"),
+    **dict.fromkeys(("available_hardware", "available_models", "cards_dirs", "clear_card_cache", "load_hardware",
+                     "load_model"), "loading"),
+    "ModelCard": "model",
+    **dict.fromkeys(("ParamCounts", "count_params"), "params"),
+}
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
+
 
 __all__ = [
     "BYTES_PER_ELEMENT",

@@ -21,9 +21,8 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel
 
 from servesim.cards.hardware import HardwareCard
-from servesim.cards.hf_config import load_hf_config, load_json
 from servesim.cards.model import ModelCard
-from servesim.input_files import load_yaml, validate
+from servesim.input_files import load_json, load_yaml, validate
 from servesim.errors import ConfigError
 
 CardSpec = str | os.PathLike[str] | Mapping[str, Any]
@@ -126,6 +125,8 @@ def _resolve(spec: str | os.PathLike[str], base_dir: str | os.PathLike[str] | No
 
 def _load_path(kind: Kind, cls: type[C], path: Path) -> C:
     if kind == "models" and (path.suffix.lower() == ".json" or path.is_dir()):
+        from servesim.cards.hf_config import load_hf_config  # only a Hugging Face config.json needs it
+
         return load_hf_config(path)  # type: ignore[return-value]
     data = load_json(path) if path.suffix.lower() == ".json" else load_yaml(path)
     return validate(cls, data, str(path))

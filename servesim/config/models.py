@@ -24,7 +24,7 @@ from servesim.workload.config import WorkloadConfig
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
 
 class EngineConfig(_Strict):

@@ -73,7 +73,7 @@ _TOL = 1e-9
 class BetaHeterogeneity(BaseModel):
     """Per-request factor from a beta law on the request's top conditional rate (see module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
     type: Literal["beta"]
     concentration: float = Field(gt=0, description="kappa = alpha + beta of the beta law (larger = less spread)")
     enabled: bool = True
@@ -83,7 +83,7 @@ class BetaHeterogeneity(BaseModel):
 class LognormalHeterogeneity(BaseModel):
     """Per-request factor ``exp(sigma Z - sigma^2/2)`` on the conditional rates (mean 1)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
     type: Literal["lognormal"]
     sigma: float = Field(ge=0, description="standard deviation of log(factor)")
     enabled: bool = True
@@ -101,7 +101,7 @@ class ContextDecay(BaseModel):
     ``reference_tokens`` is the context length at which the profile was measured (scale 1 at or below it).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
     shape: Literal["linear", "exponential"] = "linear"
     per_token: float = Field(ge=0, description="relative loss per context token (1/tokens)")
     floor: float = Field(default=0.0, ge=0, le=1, description="smallest scale (fraction of the profile's rate)")
@@ -128,7 +128,7 @@ class AcceptanceProfile(BaseModel):
     the conventions, extrapolation beyond ``K``, no-match rounds, heterogeneity and context decay.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     name: str | None = None
     method: SpecMethod | None = Field(default=None, description="vLLM speculative method name")

@@ -18,7 +18,7 @@ Public API::
 
 from __future__ import annotations
 
-from importlib import import_module
+from servesim.lazy_exports import lazy_exports
 
 # name -> submodule. The names load on first use (PEP 562), so that importing one submodule (the run
 # config needs ``servesim.workload.config`` only) does not import the trace parsers and every generator.
@@ -38,17 +38,7 @@ _SOURCES: dict[str, str] = {
 }
 
 
-def __getattr__(name: str):
-    module = _SOURCES.get(name)
-    if module is None:
-        raise AttributeError(f"module 'servesim.workload' has no attribute {name!r}")
-    value = getattr(import_module(f"servesim.workload.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SOURCES))
+__getattr__, __dir__ = lazy_exports(__name__, _SOURCES)
 
 
 __all__ = [

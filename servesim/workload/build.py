@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
-from pydantic import RootModel
+from pydantic import ConfigDict, RootModel
 
 from servesim.input_files import load_yaml, validate
 from servesim.workload.config import (
@@ -26,6 +26,9 @@ from servesim.workload.workload import Workload
 
 class WorkloadFile(RootModel[WorkloadConfig]):
     """A YAML file whose whole content is one workload config (e.g. ``workloads/*.yaml``)."""
+
+    # built on first use: a run config's workload is validated by SimConfig, not by this model
+    model_config = ConfigDict(defer_build=True)
 
 
 def load_workload_config(path: str | Path) -> WorkloadConfig:

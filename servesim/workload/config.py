@@ -33,7 +33,7 @@ _SYSTEM_PROMPTS = "shared system prompts prepended to the prompts (Zipf populari
 class TraceWorkloadConfig(BaseModel):
     """Replay a trace file (Azure CSV or Mooncake JSONL) open loop; see :func:`servesim.workload.load_trace`."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     type: Literal["trace"]
     path: str = Field(description="trace file, relative to the config file's folder")
@@ -61,7 +61,7 @@ class TraceWorkloadConfig(BaseModel):
 
 
 class _SyntheticBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     prompt_tokens: LengthConfig | None = Field(None, description="prompt length distribution (tokens)")
     output_tokens: LengthConfig | None = Field(None, description="output length distribution (tokens)")
@@ -132,7 +132,7 @@ class MultiTurnWorkloadConfig(BaseModel):
     shared-prefix description it produces.
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     type: Literal["multi_turn"]
     rate: float = Field(gt=0, description="session arrival rate (sessions/s)")

@@ -233,7 +233,7 @@ def resolve_path(path: str, base_dir: Path | None) -> Path:
 
 
 class _LengthBase(BaseModel):
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     min: int | None = Field(None, ge=1, description="clip draws below this up to it (tokens); default 1")
     max: int | None = Field(None, ge=1, description="clip draws above this down to it (tokens); default none")
@@ -354,7 +354,7 @@ class EmpiricalPairsConfig(BaseModel):
     Token counts of 0 in the file are raised to 1 (as when replaying the trace).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(defer_build=True, extra="forbid")
 
     type: Literal["empirical"]
     path: str = Field(description="trace file, relative to the config file's folder")

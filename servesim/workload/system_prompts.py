@@ -29,7 +29,7 @@ from servesim.workload.workload import Workload
 class SystemPromptsConfig(BaseModel):
     """``system_prompts:`` shared system prompts with a Zipf popularity (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     num_prompts: int | None = Field(None, ge=1, description="number of distinct system prompts")
     prompt_tokens: LengthConfig | None = Field(
