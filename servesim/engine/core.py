@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import dataclasses
 import heapq
+import operator
 from collections import deque
 
 import numpy as np
@@ -78,6 +79,13 @@ from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.engine.step_rows import KV_BLOCK_PS_MAX, OUTPUT_BLOCK_ROWS, ROW_SUBPS_MAX, IntLog, StepRow
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
+
+def _int_list(values) -> list[int]:
+    """``values`` (a sequence or array of whole numbers) as a list of Python ints (the engine's hot paths
+    compute with Python ints; ``tolist`` of an integer array already gives them)."""
+    array = np.asarray(values)
+    return array.tolist() if array.dtype.kind in "iu" else [int(x) for x in array.tolist()]
+
 
 class Engine:
     """One replica's scheduler, KV-block pool and step clock.
@@ -138,8 +146,8 @@ class Engine:
         if block_size < 1 or max_num_seqs < 1 or max_num_batched_tokens < 1 or kv_blocks_total < 2:
             raise ValueError("block_size, max_num_seqs and max_num_batched_tokens must be >= 1 and KV blocks >= 2 "
                              "(vLLM keeps one null block)")
-        self.prompt_tokens = [int(x) for x in np.asarray(prompt_tokens).tolist()]
-        self.output_tokens = [int(x) for x in np.asarray(output_tokens).tolist()]
+        self.prompt_tokens = _int_list(prompt_tokens)
+        self.output_tokens = _int_list(output_tokens)
         num_requests = len(self.prompt_tokens)
         self.num_requests = num_requests
         self.arrivals = arrivals
@@ -273,7 +281,7 @@ class Engine:
                 r = tokens.index(min(tokens))
                 raise ValueError(f"request {r}: {name} = {tokens[r]}, expected >= 1 (vLLM needs a prompt "
                                  "token and max_tokens >= 1)")
-        longest = max(p + o for p, o in zip(self.prompt_tokens, self.output_tokens))
+        longest = int(max(map(operator.add, self.prompt_tokens, self.output_tokens)))
         if -(-longest // bs) > self.total_blocks:
             raise ValueError(
                 f"a request of {longest} tokens (prompt + output) needs more KV blocks than the cache holds "
