@@ -1,4 +1,5 @@
-"""The rows of the engine's step log as the engine writes them (integer picoseconds), and their bounds."""
+"""The rows of the engine's step log as the engine writes them (integer picoseconds), their bounds, and the
+chunked int64 log that holds them (and the runs' records) during a run."""
 
 from __future__ import annotations
 
