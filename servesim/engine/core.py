@@ -80,6 +80,7 @@ from servesim.engine.step_rows import KV_BLOCK_PS_MAX, OUTPUT_BLOCK_ROWS, ROW_SU
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
+
 def _int_list(values) -> list[int]:
     """``values`` (a sequence or array of whole numbers) as a list of Python ints (the engine's hot paths
     compute with Python ints; ``tolist`` of an integer array already gives them)."""
