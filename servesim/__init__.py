@@ -16,18 +16,10 @@ __version__ = "0.1.0"
 __all__ = ["simulate", "Result", "SimConfig", "load_config", "ServesimError", "__version__"]
 
 
-def __getattr__(name: str):
-    # Lazy re-exports keep `import servesim` cheap (the CLI's start-up time counts).
-    if name in ("simulate", "Result"):
-        from servesim import api as _m
+from servesim.lazy_exports import lazy_exports
 
-        return getattr(_m, name)
-    if name in ("SimConfig", "load_config"):
-        from servesim.config import models
-
-        return getattr(models, name)
-    if name == "ServesimError":
-        from servesim.errors import ServesimError
-
-        return ServesimError
-    raise AttributeError(f"module 'servesim' has no attribute {name!r}")
+# Lazy re-exports keep `import servesim` cheap (the CLI's start-up time counts).
+__getattr__, __dir__ = lazy_exports(__name__, {
+    "simulate": "api", "Result": "api", "SimConfig": "config.models", "load_config": "config.models",
+    "ServesimError": "errors",
+})

@@ -22,19 +22,27 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
     """A YAML mapping names the same key twice (``yaml.safe_load`` would silently keep the last one)."""
 
 
-class _UniqueKeys:
-    """Constructor mix-in that refuses a mapping with a duplicate key (raises :class:`DuplicateKeyError`).
+class StrictSafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a mapping with a duplicate key (raises :class:`DuplicateKeyError`).
 
     A key written in a mapping may still override one merged into it with ``<<: *anchor`` (YAML's merge
-    key): that is the merge key's purpose, not a duplicate.
+    key): that is the merge key's purpose, not a duplicate; two merge keys in one mapping are a duplicate
+    (``<<: [*a, *b]`` merges several). The pure-Python parser only: PyYAML's libyaml parser accepts some
+    text this one refuses (a tab after ``key:`` in a flow mapping), so a file would load or fail depending
+    on how PyYAML was built.
     """
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         seen: set = set()
         if isinstance(node, yaml.MappingNode):
             # only the keys written in this mapping: a key may override one merged in with ``<<: *anchor``
+            merges = 0
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
+                    merges += 1
+                    if merges > 1:
+                        raise DuplicateKeyError(None, None, "duplicate merge key '<<' (merge several mappings "
+                                                "with <<: [*a, *b])", key_node.start_mark)
                     continue
                 key = self.construct_object(key_node, deep=True)
                 try:
@@ -47,35 +55,12 @@ class _UniqueKeys:
         return super().construct_mapping(node, deep=deep)
 
 
-class StrictSafeLoader(_UniqueKeys, yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses a mapping with a duplicate key (raises :class:`DuplicateKeyError`).
-
-    A key written in a mapping may still override one merged into it with ``<<: *anchor`` (YAML's merge
-    key): that is the merge key's purpose, not a duplicate.
-    """
-
-
-# PyYAML's libyaml binding (``yaml.CSafeLoader``: the parser in C, the same safe constructor and resolver
-# in Python) reads a card ten times faster than the pure-Python parser; None where PyYAML was built
-# without libyaml.
-_CStrictSafeLoader = (type("_CStrictSafeLoader", (_UniqueKeys, yaml.CSafeLoader), {})
-                      if getattr(yaml, "__with_libyaml__", False) else None)
-
-
 def safe_load_strict(text: str) -> Any:
     """``yaml.safe_load`` that also refuses duplicate keys in a mapping.
-
-    Valid YAML is read with libyaml's parser when PyYAML has it; any error is then reported by the
-    pure-Python parser (:class:`StrictSafeLoader`), whose messages and marks are the ones documented.
 
     Raises:
         yaml.YAMLError: invalid YAML or a duplicate key (:class:`DuplicateKeyError`, with its mark).
     """
-    if _CStrictSafeLoader is not None:
-        try:
-            return yaml.load(text, Loader=_CStrictSafeLoader)  # noqa: S506 - a CSafeLoader subclass
-        except yaml.YAMLError:
-            pass  # read again below, for the pure-Python parser's line, column and wording
     return yaml.load(text, Loader=StrictSafeLoader)  # noqa: S506 - a SafeLoader subclass
 
 
@@ -90,11 +75,20 @@ def load_yaml(path: str | Path) -> Any:
     text = read_text(p)
     try:
         return safe_load_strict(text)
+    except RecursionError:
+        raise ConfigError(f"{p}: invalid YAML: collections nested too deeply to read") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        position = getattr(exc, "position", None)  # a ReaderError (a character YAML does not allow) has no mark
+        if mark is not None:
+            where = f" line {mark.line + 1}, column {mark.column + 1}:"
+        elif isinstance(position, int):
+            line_start = text.rfind("\n", 0, position) + 1
+            where = f" line {text.count(chr(10), 0, position) + 1}, column {position - line_start + 1}:"
+        else:
+            where = ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{p}:{where}: invalid YAML: {problem}") from None
+        raise ConfigError(f"{p}:{where} invalid YAML: {problem}") from None
 
 
 def read_text(path: str | Path) -> str:

@@ -503,6 +503,22 @@ def test_failed_rerun_leaves_no_earlier_results_looking_current(tmp_path, capsys
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # only the user's own file is left
 
 
+@pytest.mark.parametrize("mistake", [["--set", "engine.max_num_seqs=abc"], ["--set", "engine.no_such_key=1"],
+                                     ["--speculative-config", "{not json"]])
+def test_rerun_with_a_config_mistake_leaves_no_earlier_results_looking_current(tmp_path, capsys, mistake):
+    """The config fails before anything is simulated: the earlier run's outputs go all the same."""
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot", "--quiet"]) == 0
+    (out / "notes.txt").write_text("mine\n")
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot", *mistake]) == 2
+    assert capsys.readouterr().err.count("\n") == 1  # one line
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]
+    missing = tmp_path / "never"  # nothing is created for a command that fails on its config
+    assert main(["run", str(cfg), "--out", str(missing), "--no-plot", *mistake]) == 2
+    assert not missing.exists()
+
+
 def test_failed_capacity_rerun_removes_the_earlier_tables(tmp_path, monkeypatch, capsys):
     import servesim.api
     from servesim.errors import ServesimError
