@@ -192,13 +192,25 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):  # pydantic's prefix for our own validators' messages
         msg = msg[len("Value error, "):]
+    got = err.get("input")
+    shown = ""
     if kind == "extra_forbidden":
         msg = "unknown key"
     elif kind == "missing":
         msg = "required key is missing"
-    got = err.get("input")
-    shown = ""
-    if kind not in ("missing", "extra_forbidden") and not isinstance(got, (dict, list)):
+    elif kind == "union_tag_not_found":  # a discriminated union's tag key (e.g. a workload's ``type``)
+        tag = str(err.get("ctx", {}).get("discriminator", "type")).strip("'")
+        loc = f"{loc}.{tag}" if loc else tag
+        msg = "required key is missing"
+    elif kind == "union_tag_invalid":
+        ctx = err.get("ctx", {})
+        tag = str(ctx.get("discriminator", "type")).strip("'")
+        loc = f"{loc}.{tag}" if loc else tag
+        msg = f"unknown {tag} {ctx.get('tag')!r} (expected one of {ctx.get('expected_tags')})"
+    elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        msg = "expected a mapping (key: value pairs)"
+        shown = f" (got {'a list' if isinstance(got, list) else repr(got)})"
+    elif not isinstance(got, (dict, list)):
         shown = f" (got {got!r})"
     more = len(exc.errors()) - 1
     tail = f" [and {more} more error{'s' if more > 1 else ''}]" if more > 0 else ""

@@ -193,3 +193,16 @@ def test_interrupted_while_writing_leaves_no_partial_tables(tmp_path, monkeypatc
     assert main([*argv, "--out", str(out), "--quiet"]) == 130
     assert capsys.readouterr().err.endswith("servesim: interrupted\n")
     assert list(out.iterdir()) == []  # a table without its figure would look like a finished search
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("workload={}", "workload.type: required key is missing"),
+    ("workload=[1, 2]", "workload: expected a mapping (key: value pairs) (got a list)"),
+    ("workload={type: nope}", "workload.type: unknown type 'nope' (expected one of 'trace', 'poisson', 'gamma', "
+                              "'closed_loop', 'multi_turn')"),
+])
+def test_a_workload_that_is_not_one_gets_a_plain_message(tmp_path, capsys, override, message):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err == f"servesim: error: {cfg}: {message}\n", err

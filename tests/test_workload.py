@@ -518,7 +518,11 @@ SYN = {"prompt_tokens": FIXED, "output_tokens": FIXED}
         ({"type": "trace", "path": "x.csv", "rate_scale": 0}, r"test\.yaml: rate_scale: "),
         ({"type": "trace", "path": "x.csv", "bucket_policy": "smear"}, r"test\.yaml: bucket_policy: "),
         ({"type": "trace", "path": "x.csv", "speed": 2}, r"test\.yaml: speed: unknown key"),
-        ({"type": "replay"}, "does not match any of the expected tags"),
+        ({"type": "replay"}, r"test\.yaml: type: unknown type 'replay' \(expected one of 'trace', 'poisson', "),
+        ({}, r"test\.yaml: type: required key is missing$"),
+        ({"rate": 1}, r"test\.yaml: type: required key is missing$"),
+        ([1, 2], r"test\.yaml: expected a mapping \(key: value pairs\) \(got a list\)$"),
+        ("poisson", r"test\.yaml: expected a mapping \(key: value pairs\) \(got 'poisson'\)$"),
     ],
 )
 def test_workload_config_errors_are_one_line(data, message):
