@@ -24,17 +24,26 @@ def test_chunked_acceptance_draws_give_the_same_run(name, chunk, monkeypatch):
     assert whole.summary == chunked.summary
 
 
-def test_the_table_is_what_one_draw_gives(monkeypatch):
-    """A chunk boundary that dropped or repeated a draw would shift every later round's acceptance."""
+def _tables_built(monkeypatch, widen: bool = False) -> list[np.ndarray]:
+    """From now on, each run's acceptance table as ``wiring._spec_setup`` builds it (appended to the list
+    returned); ``widen``: the run then gets it as int64."""
     seen = []
     original = wiring._spec_setup
 
     def spy(*args, **kwargs):
         setup = original(*args, **kwargs)
-        seen.append(setup.accept_table.copy())
+        seen.append(setup.accept_table)
+        if widen:
+            setup.accept_table = setup.accept_table.astype("int64")
         return setup
 
     monkeypatch.setattr(wiring, "_spec_setup", spy)
+    return seen
+
+
+def test_the_table_is_what_one_draw_gives(monkeypatch):
+    """A chunk boundary that dropped or repeated a draw would shift every later round's acceptance."""
+    seen = _tables_built(monkeypatch)
     simulate(CASES["eagle"])
     monkeypatch.setattr(wiring, "ACCEPTANCE_DRAW_CHUNK", 3)
     simulate(CASES["eagle"])
@@ -54,19 +63,10 @@ def test_the_one_byte_table_gives_the_run_of_a_wide_one(name, monkeypatch):
     draw meets token counts (the general join: n-gram's varying width, k below K, retimed decoders), so
     the run equals the run of the same table widened to int64."""
     config = K_TABLE if name == "k-table" else CASES[name]
-    seen = []
-    original = wiring._spec_setup
-
-    def widened(*args, **kwargs):
-        setup = original(*args, **kwargs)
-        seen.append(setup.accept_table.dtype)
-        setup.accept_table = setup.accept_table.astype("int64")
-        return setup
-
     narrow = simulate(config)
-    monkeypatch.setattr(wiring, "_spec_setup", widened)
+    seen = _tables_built(monkeypatch, widen=True)
     wide = simulate(config)
-    assert seen == [np.dtype("int8")]
+    assert [table.dtype for table in seen] == [np.dtype("int8")]
     pd.testing.assert_frame_equal(narrow.requests, wide.requests)
     pd.testing.assert_frame_equal(narrow.steps, wide.steps)
     assert narrow.summary == wide.summary
@@ -74,18 +74,9 @@ def test_the_one_byte_table_gives_the_run_of_a_wide_one(name, monkeypatch):
 
 def test_a_table_for_more_than_126_drafts_is_int16(monkeypatch):
     """A(u) reaches K and the join adds 1: beyond K = 126 an int8 would wrap."""
-    seen = []
-    original = wiring._spec_setup
-
-    def spy(*args, **kwargs):
-        setup = original(*args, **kwargs)
-        seen.append((setup.accept_table.dtype, int(setup.accept_table.max())))
-        return setup
-
-    monkeypatch.setattr(wiring, "_spec_setup", spy)
+    seen = _tables_built(monkeypatch)
     spec = {"method": "eagle", "num_speculative_tokens": 127,
             "acceptance": {"source": "test", "per_position_acceptance": [0.999] * 127}}
     simulate(dict(CASES["eagle"], speculative_config=spec,
                   workload=dict(CASES["eagle"]["workload"], num_requests=20)))
-    dtype, largest = seen[0]
-    assert dtype == np.dtype("int16") and largest > 100
+    assert seen[0].dtype == np.dtype("int16") and int(seen[0].max()) > 100
