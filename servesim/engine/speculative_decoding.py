@@ -893,14 +893,11 @@ class SpeculativeDecoding:
         num_decoders = self.num_decoders
         t0 = engine.now
         itl = num_decoders - engine.flush_stale(t0 + d0) if engine.stale else num_decoders
+        inc = (duration - int(ends[n - 2]) - d0) // (n - 1) if n > 1 else 0
+        engine.rows.append((t0, n, d0, inc, duration, num_decoders, first_tokens, 0, itl, used,
+                            len(engine.waiting), 0, k_step))
         if n > 1:
-            inc = (duration - int(ends[n - 2]) - d0) // (n - 1)
-            engine.rows.append((t0, n, d0, inc, duration, num_decoders, first_tokens, 0, itl, used,
-                                len(engine.waiting), 0, k_step))
             engine.record_summed_run(ends)
-        else:
-            engine.rows.append((t0, 1, d0, 0, duration, num_decoders, first_tokens, 0, itl, used,
-                                len(engine.waiting), 0, k_step))
         t1 = t0 + duration
         engine.now = t1
         engine.step_index = g + n
