@@ -95,12 +95,17 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
         runner, env, info = build_engine(cfg, folder, root)
     env.run()
     out = runner.output()
+    if cfg.deployment.replicas > 1:
+        replica_outputs, router = runner.replica_outputs(), runner.router_summary()
+    # the engines' simulation state (per-request lists, acceptance tables, logs) is not needed any more:
+    # freed before the summary's temporaries (the run's peak memory otherwise)
+    del runner, env
     slo = cfg.slo.model_dump(exclude_none=True) if cfg.slo is not None else None
     summary = summarize(out, slo=slo or None, measure=cfg.simulation.measure)
     if cfg.deployment.replicas > 1:
-        per_replica = [summarize(o, slo=slo or None) for o in runner.replica_outputs()]
+        per_replica = [summarize(o, slo=slo or None) for o in replica_outputs]
         summary["replicas"] = per_replica
-        summary["router"] = runner.router_summary()
+        summary["router"] = router
         # the merged step log interleaves the replicas' rows: report KV-cache utilisation per replica
         util = [r["kv_cache_utilization"] for r in per_replica if r.get("kv_cache_utilization")]
         if util:

@@ -11,7 +11,6 @@ import dataclasses
 import numpy as np
 import pytest
 
-import servesim.engine.core as core
 import servesim.engine.step_rows as step_rows
 from servesim.config.models import SimConfig
 from servesim.engine.step_rows import IntLog
@@ -32,10 +31,11 @@ def test_chunked_logs_and_blocked_output_give_the_same_results(spec, monkeypatch
     compacted, whole = _output(cfg)
     assert not compacted  # one chunk: compaction never ran
     monkeypatch.setattr(step_rows, "LOG_CHUNK_VALUES", 64)
-    monkeypatch.setattr(core, "OUTPUT_BLOCK_ROWS", 7)
+    monkeypatch.setattr(step_rows, "OUTPUT_BLOCK_STEPS", 7)
     compacted, chunked = _output(cfg)
     rows = len(chunked.steps.num_steps)
     assert rows > 7 * 50 and compacted > rows // 2  # many blocks and chunks
+    assert len(step_rows.blocks_of_at_most(chunked.steps.num_steps, 7)) > 150  # and blocks of rows
     for part in ("requests", "steps"):
         for field in dataclasses.fields(getattr(whole, part)):
             np.testing.assert_array_equal(getattr(getattr(chunked, part), field.name),
@@ -65,3 +65,13 @@ def test_int_log_keeps_records_in_order_across_chunks(monkeypatch):
         big = IntLog(1)
         big.items.append(2**63)
         big.compact()
+
+
+def test_blocks_hold_at_most_the_limit_or_one_element():
+    counts = np.array([3, 0, 4, 9, 1, 1, 5, 0, 0, 2], dtype=np.int64)
+    # greedy, in order: 3+0 (adding 4 would make 7), 4, 9 alone (over the limit), 1+1, 5+0+0, 2
+    assert step_rows.blocks_of_at_most(counts, 5) == [(0, 2), (2, 3), (3, 4), (4, 6), (6, 9), (9, 10)]
+    assert step_rows.blocks_of_at_most(counts, 100) == [(0, 10)]
+    assert step_rows.blocks_of_at_most(counts[:0], 5) == []
+    with pytest.raises(ValueError):
+        step_rows.blocks_of_at_most(counts, 0)

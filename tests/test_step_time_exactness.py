@@ -207,7 +207,7 @@ def test_step_durations_rebuilt_at_output_are_the_stepped_ones(run_list, single)
             expected.append(single[i])
     closed_run_log = IntLog(4)
     closed_run_log.items += sub_runs
-    fake = SimpleNamespace(closed_run_log=closed_run_log, summed_runs_row=[], summed_runs_ends=[])
+    fake = SimpleNamespace(closed_run_log=closed_run_log, summed_run_log=IntLog(2), summed_end_log=IntLog(1))
     cols = np.asarray(rows, dtype=np.int64).T
     np.testing.assert_array_equal(Engine._step_ends(fake, cols[1], cols[4]), np.asarray(expected, dtype=np.int64))
 

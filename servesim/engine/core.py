@@ -73,10 +73,11 @@ from collections import deque
 
 import numpy as np
 
+from servesim.engine import step_rows  # OUTPUT_BLOCK_STEPS read through the module (tests set it)
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX, OUTPUT_BLOCK_ROWS, ROW_SUBPS_MAX, IntLog, StepRow
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, ROW_SUBPS_MAX, IntLog, StepRow, blocks_of_at_most
 from servesim.errors import ConfigError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
@@ -252,7 +253,9 @@ class Engine:
         self.rows: list[tuple] = self.row_log.items
         # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
         # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
-        self.kv_late: list[tuple[int, int]] = []  # (row, that correction) of runs summed step by step
+        # (row, that correction) of runs summed step by step, flat
+        self.kv_late_log = IntLog(2)
+        self.kv_late: list[int] = self.kv_late_log.items
         # closed-form decode runs of more than one step (plain decoding), four ints each (cheap to extend):
         # row, clock remainder at its start, first duration, increment (2^-16 ps), from which the output
         # rebuilds every step's duration in ps; and those whose integral is corrected at output: their
@@ -263,12 +266,14 @@ class Engine:
         self.closed_runs: list[int] = self.closed_run_log.items  # recent parts (flat), appended to by runs
         self.kv_runs: list[int] = self.kv_run_log.items
         self.kv_windows: list[int] = self.kv_window_log.items
-        # runs summed step by step (speculation): their rows and their steps' ends after the row's start (ps)
-        self.summed_runs_row: list[int] = []
-        self.summed_runs_ends: list = []
+        # runs summed step by step (speculation): (row, number of steps) each, and their steps' ends after
+        # the row's start (ps), flat, in the same order
+        self.summed_run_log = IntLog(2)
+        self.summed_end_log = IntLog(1)
         self.kv_safe_ps = KV_BLOCK_PS_MAX // self.total_blocks  # rows shorter than this always fit
         self.extra_itl: list[int] = []
         self._arrived: list[tuple[int, int]] = []
+        self.finished_output: EngineOutput | None = None  # output() once taken
 
     def _check_requests_fit(self) -> None:
         """Refuse requests that could never be served.
@@ -344,7 +349,8 @@ class Engine:
 
     def compact_logs(self) -> None:
         """Move the step log's and the runs' recent records into int64 chunks (bounded memory per row)."""
-        for log in (self.row_log, self.closed_run_log, self.kv_run_log, self.kv_window_log):
+        for log in (self.row_log, self.closed_run_log, self.kv_run_log, self.kv_window_log, self.kv_late_log,
+                    self.summed_run_log, self.summed_end_log):
             log.compact()
 
     def _pull_arrivals(self) -> None:
@@ -1142,11 +1148,15 @@ class Engine:
                 self.kv_windows += residue_window
 
     def record_summed_run(self, ends) -> None:
-        """Note the last row's steps' ends after its start (ps; a list or int64 array of its steps), for a
-        run of more than one step summed step by step."""
-        if len(ends) > 1:
-            self.summed_runs_row.append(len(self.row_log) - 1)
-            self.summed_runs_ends.append(ends)
+        """Note the last row's steps' ends after its start (ps; a list of ints or an int64 array, one per
+        step), for a run of more than one step summed step by step (copied: an array may be a view)."""
+        count = len(ends)
+        if count > 1:
+            self.summed_run_log.items += (len(self.row_log) - 1, count)
+            if type(ends) is list:
+                self.summed_end_log.items += ends
+            else:
+                self.summed_end_log.append_array(ends)
 
     def trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
         """Record the ``n`` steps of a run from step ``g`` (``starts``: their start times in ps;
@@ -1206,8 +1216,9 @@ class Engine:
         ``sum_i nb_i D_i``. Exact in int64: every term is at most the row's integral, < 2**62.
         """
         kv = used * duration
-        for row, late in self.kv_late:
-            kv[row] -= late
+        if len(self.kv_late_log):
+            late_rows, late_block_ps = self.kv_late_log.array().T
+            np.subtract.at(kv, late_rows, late_block_ps)
         if not len(self.kv_run_log):
             return kv
         bs = self.block_size
@@ -1216,8 +1227,7 @@ class Engine:
         counts = windows[:, ::-1].ravel()  # column rho: the blocks each step i = rho (mod bs) of the run allocates
         later = steps[runs] - 1  # each run's steps i >= 1 (every recorded run has two or more)
         run_first = (np.cumsum(steps) - steps)[runs]  # each run's first step in ``ends``
-        for lo in range(0, runs.shape[0], OUTPUT_BLOCK_ROWS):  # a block of runs at a time: small temporaries
-            hi = min(lo + OUTPUT_BLOCK_ROWS, runs.shape[0])
+        for lo, hi in blocks_of_at_most(later, step_rows.OUTPUT_BLOCK_STEPS):  # small temporaries
             block_later = later[lo:hi]
             offsets = np.cumsum(block_later) - block_later
             run = np.repeat(np.arange(lo, hi, dtype=np.int64), block_later)
@@ -1234,13 +1244,13 @@ class Engine:
         ``rem``, first duration ``d0``, increment ``inc``, 2^-16 ps) ends ``(rem + m d0 + inc m(m-1)/2) >>
         16`` ps after, ``m = j + 1``, evaluated as whole and sub-picosecond parts of ``d0`` and ``inc`` so
         that nothing overflows int64; the steps of a run summed step by step end where it recorded.
-        Evaluated :data:`OUTPUT_BLOCK_ROWS` rows at a time, so that its temporaries stay small beside the
-        result however long the log.
+        Evaluated a block of rows of at most :data:`~servesim.engine.step_rows.OUTPUT_BLOCK_STEPS` steps
+        at a time, so that its temporaries stay small beside the result however long the log.
         """
         first = np.cumsum(steps) - steps
         if not len(self.closed_run_log):  # single steps (their duration) and runs summed step by step (filled below)
             ends = np.repeat(duration, steps)
-            return Engine._fill_summed(ends, steps, first, self.summed_runs_row, self.summed_runs_ends)
+            return Engine._fill_summed(ends, first, self.summed_run_log, self.summed_end_log)
         runs, remainder, first_subps, increment_subps = self.closed_run_log.array().T
         rem = np.zeros_like(duration)
         rem[runs] = remainder
@@ -1257,8 +1267,7 @@ class Engine:
         num_rows = steps.shape[0]
         total = int(first[-1] + steps[-1]) if num_rows else 0
         ends = np.empty(total, dtype=np.int64)
-        for lo in range(0, num_rows, OUTPUT_BLOCK_ROWS):
-            hi = min(lo + OUTPUT_BLOCK_ROWS, num_rows)
+        for lo, hi in blocks_of_at_most(steps, step_rows.OUTPUT_BLOCK_STEPS):
             step_lo, step_hi = int(first[lo]), int(first[hi - 1] + steps[hi - 1])
             row = np.repeat(np.arange(lo, hi, dtype=np.int64), steps[lo:hi])
             m = np.arange(step_lo + 1, step_hi + 1, dtype=np.int64) - first[row]
@@ -1268,22 +1277,32 @@ class Engine:
             else:
                 ends[step_lo:step_hi] = (m * whole_d0[row] + tri * whole_inc[row]
                                          + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
-        return Engine._fill_summed(ends, steps, first, self.summed_runs_row, self.summed_runs_ends)
+        return Engine._fill_summed(ends, first, self.summed_run_log, self.summed_end_log)
 
     @staticmethod
-    def _fill_summed(ends: np.ndarray, steps: np.ndarray, first: np.ndarray, rows: list[int], recorded: list) -> np.ndarray:
-        """``ends`` (int64 (S,)) with the steps of the runs summed step by step (their ``rows``) set to their
-        ``recorded`` ends (``first``: each row's first step in ``ends``)."""
-        starts = first[np.asarray(rows, dtype=np.int64)].tolist() if rows else []
-        for start, run_ends in zip(starts, recorded):  # one slice each: no temporaries of the log's size
-            ends[start: start + len(run_ends)] = run_ends
+    def _fill_summed(ends: np.ndarray, first: np.ndarray, run_log: IntLog, end_log: IntLog) -> np.ndarray:
+        """``ends`` (int64 (S,)) with the steps of the runs summed step by step set to their recorded ends:
+        ``run_log`` holds (row, number of steps) per run, ``end_log`` their steps' ends, flat, in the same
+        order (``first``: each row's first step in ``ends``)."""
+        if not len(run_log):
+            return ends
+        rows, counts = run_log.array().T
+        offsets = np.cumsum(counts) - counts  # each run's first value in end_log
+        positions = np.repeat(first[rows] - offsets, counts) + np.arange(int(offsets[-1] + counts[-1]), dtype=np.int64)
+        ends[positions] = end_log.array()[:, 0]
         return ends
 
     def output(self) -> EngineOutput:
-        """The engine's records as arrays in seconds (call after the SimPy run)."""
+        """The engine's records as arrays in seconds (call once the SimPy run has ended: the engine cannot
+        go on afterwards; later calls return the same output)."""
+        if self.finished_output is not None:
+            return self.finished_output
         if self.mode == "run" and (self.decoding.num_decoders or self.partial is not None):
             self._materialize()
         spec_counters = self.decoding.counters()  # before the logs' arrays exist (its temporaries are large)
+        # the decoding strategy's state (acceptance tables, per-step sums) is not needed any more: freed
+        # before the output's arrays are built (the largest of a run's objects otherwise live on beside them)
+        self.decoding = None
         s = float(PS_PER_S)
 
         def secs(values):
@@ -1330,7 +1349,7 @@ class Engine:
             kv_block_ps=self._kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends),
             durations_s=step_ps / s,
         )
-        return EngineOutput(
+        self.finished_output = EngineOutput(
             requests=requests,
             steps=steps,
             extra_itl_s=np.asarray(self.extra_itl, dtype=np.int64) / s,
@@ -1340,3 +1359,4 @@ class Engine:
             spec_counters=spec_counters,
             prefix_cache=dataclasses.asdict(self.prefix_cache_stats) if self.prefix_caching else {},
         )
+        return self.finished_output

@@ -156,6 +156,9 @@ SHORT_RUN = 24
 EMITTED_CHUNK = 1 << 20
 """Rounds of the acceptance table summed at a time when the fixed-width join's cumulative sum is built."""
 
+COUNT_BLOCK_ROUNDS = 1 << 18
+"""Rounds whose accepted drafts are counted at a time for vLLM's counters (bincount's intp temporaries)."""
+
 SUBPS_SUM_MAX = 2**62
 """Bound on a vector run's summed step durations (2^-16 ps, about 70 s): int64 with room for the remainder."""
 
@@ -599,8 +602,10 @@ class SpeculativeDecoding:
             draft_tokens += int((q - 1).sum())
         self.fixed_segments = {}
         self.segments = []
-        counts = np.bincount(accs[0] if len(accs) == 1 else np.concatenate(accs),
-                             minlength=self.num_speculative_tokens + 1).tolist()
+        accepted = accs[0] if len(accs) == 1 else np.concatenate(accs)  # int8 / int16 like the acceptance table
+        # counted a block at a time: bincount works in intp, 8 bytes per round for the whole array at once
+        counts = sum(np.bincount(accepted[lo:lo + COUNT_BLOCK_ROUNDS], minlength=self.num_speculative_tokens + 1)
+                     for lo in range(0, max(len(accepted), 1), COUNT_BLOCK_ROUNDS)).tolist()
         self.num_drafts += drafted_rounds
         self.num_draft_tokens += draft_tokens
         at_least = 0
@@ -880,7 +885,7 @@ class SpeculativeDecoding:
         # (every term < KV_BLOCK_PS_MAX: no overflow)
         late = int(np.dot(self.step_new_blocks[g + 1:g + n], ends[:n - 1])) if n > 1 else 0
         if late:
-            engine.kv_late.append((len(engine.row_log), late))
+            engine.kv_late += (len(engine.row_log), late)
         self._end_run(g, n, ends[:n], int(ends[0]), duration, first_tokens, used, k_step, k_new)
 
     def _end_run(self, g: int, n: int, ends, d0: int, duration: int, first_tokens: int, used: int, k_step: int,
@@ -946,5 +951,5 @@ class SpeculativeDecoding:
             engine.trace_run(g, m, [t0] + [t0 + e for e in ends[:-1]], [sum(new_blocks[:j + 1]) for j in range(m)], k_new)
         engine.free_blocks = total - used
         if kv_ps != used * elapsed:
-            engine.kv_late.append((len(engine.row_log), used * elapsed - kv_ps))
+            engine.kv_late += (len(engine.row_log), used * elapsed - kv_ps)
         self._end_run(g, m, ends, ends[0], elapsed, first_tokens, used, k_step, k_new)

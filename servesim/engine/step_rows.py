@@ -40,8 +40,29 @@ class StepRow(NamedTuple):
     k: int
 
 
-OUTPUT_BLOCK_ROWS = 2**16
-"""Rows of the step log whose steps the engine's output evaluates at a time (bounded temporaries)."""
+OUTPUT_BLOCK_STEPS = 2**16
+"""Steps the engine's output evaluates at a time (bounded temporaries): its blocks of rows hold at most this
+many steps, or one row (:func:`blocks_of_at_most`)."""
+
+
+def blocks_of_at_most(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:
+    """Consecutive ``(lo, hi)`` index ranges covering ``counts`` (non-negative ints, shape (R,)) in order,
+    each as long as its counts sum to at most ``limit``, and at least one element long (an element over
+    ``limit`` is a block of its own).
+
+    Raises:
+        ValueError: ``limit`` < 1.
+    """
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    cum = np.cumsum(counts)
+    bounds, lo, num = [], 0, len(counts)
+    while lo < num:
+        before = int(cum[lo - 1]) if lo else 0
+        hi = max(int(np.searchsorted(cum, before + limit, side="right")), lo + 1)
+        bounds.append((lo, hi))
+        lo = hi
+    return bounds
 
 LOG_CHUNK_VALUES = 2**18
 """Values a log gathers as Python objects before they move into an int64 chunk (2 MiB of chunk)."""
@@ -92,6 +113,14 @@ class IntLog:
         self.chunks.append(np.fromiter(values, dtype=np.int64, count=count * self.width).reshape(count, self.width))
         self.records_before += count
         items.clear()
+
+    def append_array(self, values: np.ndarray) -> None:
+        """Log the records of integer array ``values`` ((records * width,) or (records, width)) after those
+        logged so far, as a chunk of their own (a copy: ``values`` may be a view of a larger array)."""
+        self.compact()
+        chunk = np.array(values, dtype=np.int64).reshape(-1, self.width)
+        self.chunks.append(chunk)
+        self.records_before += chunk.shape[0]
 
     def array(self) -> np.ndarray:
         """Every record, int64 (records, width); the log keeps it as its one chunk."""
