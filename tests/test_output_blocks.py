@@ -7,6 +7,7 @@ preemptions; with EAGLE, runs summed step by step)."""
 from __future__ import annotations
 
 import dataclasses
+import weakref
 
 import numpy as np
 import pytest
@@ -75,3 +76,17 @@ def test_blocks_hold_at_most_the_limit_or_one_element():
     assert step_rows.blocks_of_at_most(counts[:0], 5) == []
     with pytest.raises(ValueError):
         step_rows.blocks_of_at_most(counts, 0)
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "eagle", "num_speculative_tokens": 3}])
+def test_output_frees_the_decoding_state_and_is_taken_once(spec):
+    # the strategy's tables (EAGLE: acceptance table, its cumulative sum, per-step sums) are the largest
+    # objects of a run: output() lets them go before it builds its arrays; a second call (a deployment asks
+    # for the merged output and then each replica's) returns the same output, not a rebuilt one
+    engine, env, _ = build_engine(SimConfig.model_validate(config(4.0, "run", 20.0, 600, spec)), ROOT,
+                                  np.random.SeedSequence(0))
+    env.run()
+    strategy = weakref.ref(engine.decoding)
+    first = engine.output()
+    assert strategy() is None
+    assert engine.output() is first
