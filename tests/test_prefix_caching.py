@@ -83,7 +83,7 @@ def test_preempted_request_rehits_its_own_blocks_not_evicted_yet(mode):
     stats = e.prefix_cache_stats
     assert (stats.requests, stats.queries, stats.hits) == (2, 16, 0)
     assert (stats.preempted_requests, stats.preempted_queries, stats.preempted_hits) == (1, 9, 4)
-    assert e.num_cached_tokens == [0, 0]  # set at the first scheduling only
+    assert list(e.num_cached_tokens) == [0, 0]  # set at the first scheduling only
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -119,7 +119,7 @@ def test_hit_is_capped_at_num_tokens_minus_one_and_block_aligned(mode):
     e = run([8, 8, 11], [1, 1, 1], [0, 0.05, 0.1], mode, content=content_of(rows))
     assert [s.new_computed for s in e.tracer.steps if s.new_computed] == [[(0, 0)], [(1, 4)], [(2, 8)]]
     assert [s.scheduled for s in e.tracer.steps] == [[(0, 8, 0)], [(1, 4, 0)], [(2, 3, 0)]]
-    assert e.num_cached_tokens == [0, 4, 8]
+    assert list(e.num_cached_tokens) == [0, 4, 8]
     assert (e.prefix_cache_stats.queries, e.prefix_cache_stats.hits) == (27, 12)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -16,12 +17,12 @@ from dataclasses import dataclass, field
 class ArrivalSource:
     """Arrival times of requests ``0..N-1`` (integer ps), released in time order.
 
-    Open loop: ``times`` holds every request's arrival time, sorted. Closed loop: ``concurrency`` clients;
+    Open loop: ``times`` holds every request's arrival time, sorted (a list or an ``array('q')``). Closed loop: ``concurrency`` clients;
     the first ``concurrency`` requests arrive at 0 and every finish releases the next request (in index
     order) ``think_ps`` later, like ``vllm bench serve --max-concurrency``.
     """
 
-    times: list[int] | None
+    times: Sequence[int] | None
     num_requests: int
     concurrency: int | None = None
     think_ps: int = 0

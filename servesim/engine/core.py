@@ -69,6 +69,7 @@ from __future__ import annotations
 import dataclasses
 import heapq
 import operator
+from array import array
 from collections import deque
 
 import numpy as np
@@ -189,12 +190,13 @@ class Engine:
         # ``num_computed + rejected + scheduled + lookahead`` tokens (0 without speculation)
         self.rejected_drafts = [0] * num_requests
         self.rejected_at_step = [-2] * num_requests
-        # Records (ps; -1 = not yet).
-        self.arrival_ps = [-1] * num_requests
-        self.first_scheduled_ps = [-1] * num_requests
-        self.first_token_ps = [-1] * num_requests
-        self.finish_ps = [-1] * num_requests
-        self.num_preemptions = [0] * num_requests
+        # Records (ps; -1 = not yet): written a few times per request and read at output, so held as int64
+        # arrays (8 bytes per request, no int object each; the output reads them without a copy)
+        self.arrival_ps = array("q", [-1]) * num_requests
+        self.first_scheduled_ps = array("q", [-1]) * num_requests
+        self.first_token_ps = array("q", [-1]) * num_requests
+        self.finish_ps = array("q", [-1]) * num_requests
+        self.num_preemptions = array("q", [0]) * num_requests
         # Queues.
         self.running: dict[int, None] = {}  # admission order
         self.waiting: deque[int] = deque()
@@ -223,7 +225,7 @@ class Engine:
         # by allocations, which the manager applies at its next call (BlockManager.sync)
         self.prefix_caching = bool(enable_prefix_caching)
         self.kv = BlockManager(self.total_blocks + 1, block_size, self.prefix_caching, content, decoding.use_eagle)
-        self.num_cached_tokens = [-1] * num_requests  # vLLM Request.num_cached_tokens: the hit at first scheduling
+        self.num_cached_tokens = array("q", [-1]) * num_requests  # vLLM Request.num_cached_tokens: the hit at first scheduling
         # prefix caching: tokens of each request's blocks cached at its last scheduling (vLLM cache_blocks:
         # min(num_computed + num_new, num_tokens), without drafts, under async scheduling without the tokens
         # still in flight, less num_reprefillable_tokens; see _note_many) and, under async scheduling,
@@ -1280,6 +1282,24 @@ class Engine:
         return Engine._fill_summed(ends, first, self.summed_run_log, self.summed_end_log)
 
     @staticmethod
+    def _step_durations_s(ends: np.ndarray, steps: np.ndarray) -> np.ndarray:
+        """Every step's duration (s), float64 (S,), from ``ends`` (:meth:`_step_ends`, int64 (S,), ps), whose
+        memory it takes over: each step's end less the previous step's end within its row (a row's first
+        step: its end), evaluated in place a block of steps at a time from the last (no temporary of the
+        log's size), then divided by ``PS_PER_S`` into the same buffer (``durations / PS_PER_S`` bit for
+        bit). ``steps``: the rows' numbers of steps, int64 (R,)."""
+        row_first = np.cumsum(steps) - steps
+        firsts = ends[row_first]
+        total = ends.shape[0]
+        for hi in range(total, 1, -step_rows.OUTPUT_BLOCK_STEPS):
+            lo = max(hi - step_rows.OUTPUT_BLOCK_STEPS, 1)
+            ends[lo:hi] -= ends[lo - 1:hi - 1]  # the ends below lo are still whole when the next block reads them
+        ends[row_first] = firsts
+        durations = ends.view(np.float64)
+        np.divide(ends, float(PS_PER_S), out=durations)
+        return durations
+
+    @staticmethod
     def _fill_summed(ends: np.ndarray, first: np.ndarray, run_log: IntLog, end_log: IntLog) -> np.ndarray:
         """``ends`` (int64 (S,)) with the steps of the runs summed step by step set to their recorded ends:
         ``run_log`` holds (row, number of steps) per run, ``end_log`` their steps' ends, flat, in the same
@@ -1320,34 +1340,31 @@ class Engine:
             first_scheduled_s=secs(self.first_scheduled_ps),
             first_token_s=secs(self.first_token_ps),
             finish_s=secs(self.finish_ps),
-            preemptions=np.asarray(self.num_preemptions, dtype=np.int64),
+            preemptions=np.array(self.num_preemptions, dtype=np.int64),  # a copy: not a view of the engine's
             num_cached_tokens=np.maximum(np.asarray(self.num_cached_tokens, dtype=np.int64), 0),
         )
-        col = dict(zip(StepRow._fields, self.row_log.array().T))
+        rows = self.row_log.array()
+        rows.flags.writeable = False  # the step log's integer columns are views of it (no copy of the log)
+        col = dict(zip(StepRow._fields, rows.T))
         ends = self._step_ends(col["num_steps"], col["duration_ps"])
-        # each step's duration: its end less the previous step's end within its row (a row starts at 0)
-        step_ps = np.empty_like(ends)
-        step_ps[:1] = ends[:1]
-        np.subtract(ends[1:], ends[:-1], out=step_ps[1:])
-        row_first = np.cumsum(col["num_steps"]) - col["num_steps"]
-        step_ps[row_first] = ends[row_first]
+        kv_block_ps = self._kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends)
         steps = StepLog(
             start_s=col["start_ps"] / s,
-            num_steps=col["num_steps"].copy(),
+            num_steps=col["num_steps"],
             first_step_s=col["first_step_ps"] / s,
             step_increment_s=col["step_increment_ps"] / s,
             duration_s=col["duration_ps"] / s,
-            batch_size=col["batch_size"].copy(),
-            num_tokens=col["num_tokens"].copy(),
-            num_prefill_tokens=col["num_prefill_tokens"].copy(),
-            itl_samples=col["itl_samples"].copy(),
-            kv_blocks_used=col["kv_blocks_used"].copy(),
-            num_waiting=col["num_waiting"].copy(),
-            num_preempted=col["num_preempted"].copy(),
-            k=col["k"].copy(),
-            start_ps=col["start_ps"].copy(),
-            kv_block_ps=self._kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends),
-            durations_s=step_ps / s,
+            batch_size=col["batch_size"],
+            num_tokens=col["num_tokens"],
+            num_prefill_tokens=col["num_prefill_tokens"],
+            itl_samples=col["itl_samples"],
+            kv_blocks_used=col["kv_blocks_used"],
+            num_waiting=col["num_waiting"],
+            num_preempted=col["num_preempted"],
+            k=col["k"],
+            start_ps=col["start_ps"],
+            kv_block_ps=kv_block_ps,
+            durations_s=Engine._step_durations_s(ends, col["num_steps"]),
         )
         self.finished_output = EngineOutput(
             requests=requests,
