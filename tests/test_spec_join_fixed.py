@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import simpy
 
 from engine_helpers import flat_step_model
 from servesim.engine.arrival_source import ArrivalSource
@@ -34,7 +35,11 @@ def make_engine(table: np.ndarray, prompt: list[int], output: list[int], async_s
 
 @pytest.mark.parametrize("async_scheduling", [False, True])
 @pytest.mark.parametrize("tree_nodes", [None, 5])
-def test_fixed_join_matches_the_general_join(async_scheduling, tree_nodes):
+@pytest.mark.parametrize("block_requests", [4096, 7])  # one cumulative sum, or one per 7 requests
+def test_fixed_join_matches_the_general_join(async_scheduling, tree_nodes, block_requests, monkeypatch):
+    from servesim.engine import speculative_decoding
+
+    monkeypatch.setattr(speculative_decoding, "EMITTED_BLOCK_REQUESTS", block_requests)
     rng = np.random.default_rng(20261201)
     num_requests = 40
     prompt = rng.integers(1, 60, num_requests).tolist()
@@ -73,6 +78,7 @@ def test_fixed_join_matches_the_general_join(async_scheduling, tree_nodes):
         states.add((first, blocks > need, async_scheduling and r % 2 == 0 and rejected > q))
     for name in ("step_computed", "step_new_blocks"):
         assert getattr(fast.decoding, name).tolist() == getattr(general.decoding, name).tolist(), name
+    assert len(fast.decoding.emitted_blocks) == -(-num_requests // block_requests)  # none finished: all kept
     assert {(True, True), (False, True), (True, False), (False, False)} <= {s[:2] for s in states}
     assert any(s[2] for s in states) == async_scheduling  # rejected drafts wider than the verify (async only)
     # leaving writes back the same state
@@ -86,22 +92,57 @@ def test_fixed_join_matches_the_general_join(async_scheduling, tree_nodes):
     assert fast.decoding.counters() == general.decoding.counters()
 
 
-def test_cumulative_sum_built_in_chunks(monkeypatch):
-    """``C[j + 2]`` = tokens emitted by the table's rounds before round ``j`` (1 + accepted each), two
-    leading zeros, the same for any chunking of the build."""
+def test_cumulative_sum_built_in_chunks_and_blocks(monkeypatch):
+    """A block's ``C[j + 2]`` = tokens emitted by its requests' rounds before its round ``j`` (1 + accepted
+    each), two leading zeros, the same for any chunking of the build; per request, C at its first draw and
+    where its rounds from the first join end."""
     from servesim.engine import speculative_decoding
 
     rng = np.random.default_rng(7)
     output = rng.integers(2, 30, 25).tolist()
     table = rng.integers(0, K + 1, sum(output)).astype(np.int32)
-    want = [0, 0] + np.concatenate(([0], np.cumsum(table + 1))).tolist()
-    for chunk in (7, 1 << 20):
-        monkeypatch.setattr(speculative_decoding, "EMITTED_CHUNK", chunk)
-        engine = make_engine(table, [10] * len(output), output, True, None)
-        decoding = engine.decoding  # (the strategy holds its engine weakly)
-        assert decoding._emitted_before().tolist() == want, f"chunk {chunk}"
-        offsets = np.concatenate(([0], np.cumsum(output)[:-1]))
-        assert list(decoding.first_before) == [want[o + 2] for o in offsets]
-        # a first join's rounds end where the emitted tokens reach its output less the prefill's token
-        assert list(decoding.first_stop) == [next(i for i in range(o + 2, len(want)) if want[i] >= want[o + 2] + n - 1)
-                                             for o, n in zip(offsets, output)]
+    offsets = np.concatenate(([0], np.cumsum(output)[:-1])).tolist()
+    for block_requests in (4096, 6):
+        monkeypatch.setattr(speculative_decoding, "EMITTED_BLOCK_REQUESTS", block_requests)
+        for chunk in (7, 1 << 20):
+            monkeypatch.setattr(speculative_decoding, "EMITTED_CHUNK", chunk)
+            engine = make_engine(table, [10] * len(output), output, True, None)
+            decoding = engine.decoding  # (the strategy holds its engine weakly)
+            for b in range(-(-len(output) // block_requests)):
+                lo, hi = b * block_requests, min((b + 1) * block_requests, len(output))
+                rounds = table[offsets[lo]: offsets[hi - 1] + output[hi - 1]]
+                want = [0, 0] + np.concatenate(([0], np.cumsum(rounds + 1))).tolist()
+                block = decoding._emitted_block(b)
+                assert (block.first_request, block.end_request, block.first_round) == (lo, hi, offsets[lo])
+                assert block.emitted_before.tolist() == want, f"chunk {chunk}, block {b}"
+                local = [o - offsets[lo] for o in offsets[lo:hi]]
+                assert list(block.first_before) == [want[o + 2] for o in local]
+                # a first join's rounds end where the emitted tokens reach its output less the prefill's token
+                assert list(block.first_stop) == [next(i for i in range(o + 2, len(want)) if want[i] >= want[o + 2] + n - 1)
+                                                  for o, n in zip(local, output[lo:hi])]
+
+
+def test_blocks_of_finished_requests_are_dropped_and_change_nothing(monkeypatch):
+    """A block's cumulative sum is dropped, when the next block is built, once all its requests have
+    finished; the run is the same as with one block for all."""
+    from servesim.engine import speculative_decoding
+
+    rng = np.random.default_rng(11)
+    num_requests = 30
+    output = rng.integers(2, 40, num_requests).tolist()
+    table = rng.integers(0, K + 1, sum(output)).astype(np.int32)
+    results = {}
+    for block_requests in (4096, 2):
+        monkeypatch.setattr(speculative_decoding, "EMITTED_BLOCK_REQUESTS", block_requests)
+        engine = make_engine(table, [10] * num_requests, output, True, None)
+        # one request every 10 s: each finishes (in well under 1 s of 10 ms steps) before the next arrives
+        engine.arrivals = ArrivalSource(times=[r * 10 * 10**12 for r in range(num_requests)], num_requests=num_requests)
+        env = simpy.Environment()
+        env.process(engine.process(env))
+        env.run()
+        live = sorted(engine.decoding.emitted_blocks)
+        out = engine.output()
+        results[block_requests] = (out.requests.finish_s.tolist(), out.steps.durations_s.tolist(), out.spec_counters)
+        if block_requests == 2:
+            assert live == [num_requests // 2 - 1]  # only the last block, built after the others finished
+    assert results[2] == results[4096]

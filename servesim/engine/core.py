@@ -234,7 +234,6 @@ class Engine:
         self.kv_cached_tokens = [0] * num_requests
         self.kv_output_tokens = [0] * num_requests
         self.output_cached: dict[int, int] = {}
-        self.stale_joins: dict[int, int] = {}  # run mode: decoder -> step it joined the aggregate at, stale
         self.prefix_cache_stats = PrefixCacheStats()
         self.now = 0
         self.clock_subps = 0  # the clock's remainder below self.now (ps), in 2^-16 ps: [0, SUBPS_PER_PS)
@@ -809,7 +808,7 @@ class Engine:
                 if last[r] != now:
                     self.stale[r] = last[r]
                     if self.prefix_caching:
-                        self.stale_joins[r] = g
+                        self.decoding.note_stale_join(r, g)
             else:
                 self.partial = r  # the last admitted (several only under MTP's chunk rule)
                 prefilling += 1

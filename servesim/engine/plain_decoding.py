@@ -49,6 +49,9 @@ class PlainDecoding:
         self.joined_at = [0] * num_requests  # step it joined the aggregate at
         self.generated_at_join = [0] * num_requests  # its generated tokens then
         self.blocks_at_join = [0] * num_requests  # its KV blocks then
+        # prefix caching: decoder -> the step it joined the aggregate at after a step without it (no output
+        # of it in flight at that step: see cached_tokens)
+        self.stale_joins: dict[int, int] = {}
 
     # ------------------------------------------------------------------ the exact step
     def acceptance_draw(self, r: int) -> int:
@@ -108,6 +111,11 @@ class PlainDecoding:
         self.num_decoders += 1
         engine.add_finish(r, g + engine.output_tokens[r] - engine.num_generated[r] - 1)
 
+    def note_stale_join(self, r: int, g: int) -> None:
+        """Decoder ``r`` joined the aggregate at step ``g`` (prefix caching) after a step it was not
+        scheduled in: no output of it is in flight when step ``g`` is scheduled."""
+        self.stale_joins[r] = g
+
     def leave(self, r: int, g: int) -> int:
         """Remove decoder ``r`` from the aggregate at step ``g``; write back its state; return its blocks."""
         engine = self.engine_ref()
@@ -131,7 +139,7 @@ class PlainDecoding:
         if engine.prefix_caching and g > self.joined_at[r]:  # it was last scheduled in step g - 1, aggregated
             # the tokens its blocks cached then (under async scheduling without the token in flight, see
             # cached_tokens)
-            if engine.async_scheduling and (g - 1 > self.joined_at[r] or engine.stale_joins.get(r) != g - 1):
+            if engine.async_scheduling and (g - 1 > self.joined_at[r] or self.stale_joins.get(r) != g - 1):
                 engine.kv_cached_tokens[r] = computed - 1
             else:
                 engine.kv_cached_tokens[r] = computed
@@ -168,7 +176,7 @@ class PlainDecoding:
         ``context_base + g``, less the token in flight under async scheduling (it sampled in step ``g - 1``,
         unless it joined the aggregate at ``g`` after a step without it)."""
         engine = self.engine_ref()
-        if engine.async_scheduling and (g > self.joined_at[r] or engine.stale_joins.get(r) != g):
+        if engine.async_scheduling and (g > self.joined_at[r] or self.stale_joins.get(r) != g):
             return self.context_base[r] + g - 1
         return self.context_base[r] + g
 

@@ -124,7 +124,7 @@ class DecoderTimeline:
         k: drafts per round.
 
     The arrays are int64, or of the acceptance table's and its cumulative sum's dtypes where they come from
-    them (:meth:`SpeculativeDecoding._emitted_before`; ``accepted`` is then a view of the int8 table):
+    them (:meth:`SpeculativeDecoding._emitted_block`; ``accepted`` is then a view of the int8 table):
     nothing writes into them after the join.
     """
 
@@ -141,6 +141,31 @@ class DecoderTimeline:
     k: int
 
 
+@dataclass(slots=True)
+class EmittedBlock:
+    """The fixed-width join's cumulative sum over the rounds of requests ``first_request .. end_request -
+    1`` (:meth:`SpeculativeDecoding._emitted_block`).
+
+    Attributes:
+        first_request, end_request: the block's requests (``end_request`` excluded).
+        first_round: the acceptance-table index of its first request's first round.
+        emitted_before: int32 (or int64) (rounds + 3,), ``C[j + 2]`` = tokens emitted by the block's rounds
+            before its round ``j`` (1 + accepted each) with two leading zeros; strictly increasing from
+            index 2 (every round emits at least one token); never written after it is built.
+        key: the scalar type of ``emitted_before`` (a ``searchsorted`` key of its own dtype).
+        first_before, first_stop: per request of the block, ``C`` at its first draw and the index in ``C``
+            where its rounds from its first join end.
+    """
+
+    first_request: int
+    end_request: int
+    first_round: int
+    emitted_before: np.ndarray
+    key: type
+    first_before: array
+    first_stop: array
+
+
 class RunTerms(NamedTuple):
     """The step-time terms of a fixed-width run step (2^-16 ps; :meth:`SpeculativeDecoding._run_terms`)."""
 
@@ -155,6 +180,10 @@ SHORT_RUN = 24
 
 EMITTED_CHUNK = 1 << 20
 """Rounds of the acceptance table summed at a time when the fixed-width join's cumulative sum is built."""
+
+EMITTED_BLOCK_REQUESTS = 1 << 12
+"""Requests whose rounds share one cumulative sum of the fixed-width join (:class:`EmittedBlock`): a block
+is built at the first join of one of its requests and dropped once all of them have finished."""
 
 COUNT_BLOCK_ROUNDS = 1 << 18
 """Rounds whose accepted drafts are counted at a time for vLLM's counters (bincount's intp temporaries)."""
@@ -240,15 +269,13 @@ class SpeculativeDecoding:
         self.segments: list[tuple[np.ndarray, np.ndarray]] = []
         self.base_by_tokens = np.full(engine.max_num_batched_tokens + 1, -1, dtype=np.int64)  # tokens_subps memo
         # a fixed verify width over a precomputed table: a decoder verifying k = K drafts accepts A(u) (<= K)
-        # every round, so its timeline follows from one global cumulative sum (_emitted_before)
+        # every round, so its timeline follows from a cumulative sum of the table (_emitted_block)
         self.fixed_table = spec.accept_table is not None and not self.variable_width
         # k proposed every step when neither a batch-size schedule nor disable_by_batch_size varies it
         self.static_k = K if spec.schedule.entries is None and spec.disable_by_batch_size is None else None
         self.run_terms: dict[tuple[int, int, int], RunTerms] = {}  # _run_terms memo
-        self.emitted_before: np.ndarray | None = None
-        self.emitted_key = np.int64  # the scalar type of emitted_before
-        self.first_before = array("q")  # per request, C at its first draw (see _emitted_before)
-        self.first_stop = array("q")  # per request, the end of its rounds from its first join in C
+        # the fixed-width join's cumulative sums, a block of requests each, by block index (_emitted_block)
+        self.emitted_blocks: dict[int, EmittedBlock] = {}
         if num_requests:
             self.check_peak_fits()
 
@@ -391,9 +418,9 @@ class SpeculativeDecoding:
     # the absolute step number; a run of decode steps is then a few vector operations on slices of them,
     # and a finish, an arrival or a failing block allocation ends the run. When the global k changes
     # (batch-size schedule), every decoder's remaining timeline is recomputed. With a fixed verify width,
-    # k = K and a precomputed table (the common case), a join reads its rounds off one cumulative sum of
-    # the whole table, built once (_join_fixed); runs of at most SHORT_RUN steps are summed in plain
-    # integers (_short_run).
+    # k = K and a precomputed table (the common case), a join reads its rounds off a cumulative sum of
+    # the table, built a block of requests at a time (_join_fixed, _emitted_block); runs of at most
+    # SHORT_RUN steps are summed in plain integers (_short_run).
 
     def _ensure(self, end: int) -> None:
         if end > self.capacity:
@@ -405,6 +432,10 @@ class SpeculativeDecoding:
                 self.step_token_context = _grown(self.step_token_context, capacity)
                 self.step_token_pairs = _grown(self.step_token_pairs, capacity)
             self.capacity = capacity
+
+    def note_stale_join(self, r: int, g: int) -> None:
+        """Decoder ``r`` joined at step ``g`` after a step without it: nothing to note (its join reads
+        whether an output of it is in flight from its last emission, ``known_at_join``)."""
 
     def begin_aggregate(self) -> None:
         """The aggregate is rebuilt from per-request state: its rounds verify the last proposed k."""
@@ -423,55 +454,62 @@ class SpeculativeDecoding:
             self._retime(g_next, k_new)
         self.k = k_new
 
-    def _emitted_before(self) -> np.ndarray:
-        """Tokens emitted by all the table's rounds before each round, if every round verified K drafts:
-        int (total rounds + 3,), ``C[j + 2] = sum over i < j of (1 + A_i)`` with two leading zeros (so that
-        :meth:`join` may read the two entries before a request's first round); request ``r``'s rounds
-        ``j >= j0`` then emit ``C[offset_r + j + 3] - C[offset_r + j0 + 2]`` tokens by round ``j``'s end.
-        Strictly increasing from index 2 (every round emits at least one token). int32 when the sum fits,
-        else int64; never written after it is built."""
-        table = self.spec.accept_table
-        total_rounds = table.shape[0]
-        fits = total_rounds * (self.num_speculative_tokens + 1) < 2**31
-        out = np.zeros(total_rounds + 3, dtype=np.int32 if fits else np.int64)
-        for start in range(0, total_rounds, EMITTED_CHUNK):  # in chunks: no temporary as large as the table
-            stop = min(start + EMITTED_CHUNK, total_rounds)
+    def _emitted_block(self, block: int) -> EmittedBlock:
+        """Build the :class:`EmittedBlock` of requests ``block * B .. (block + 1) * B - 1`` (``B`` =
+        :data:`EMITTED_BLOCK_REQUESTS`), if every round verified K drafts: request ``r``'s rounds ``j >=
+        j0`` emit ``C[s_r + j + 3] - C[s_r + j0 + 2]`` tokens by round ``j``'s end, ``s_r`` its first round
+        in the block. Drops the blocks whose requests have all finished first (nothing joins them again):
+        the sums held follow the requests in flight, not the whole table (4 bytes per output token)."""
+        engine = self.engine_ref()
+        finish = np.frombuffer(engine.finish_ps, dtype=np.int64)
+        for index in [i for i, b in self.emitted_blocks.items() if finish[b.first_request:b.end_request].min() >= 0]:
+            del self.emitted_blocks[index]
+        first_request = block * EMITTED_BLOCK_REQUESTS
+        end_request = min(first_request + EMITTED_BLOCK_REQUESTS, engine.num_requests)
+        first_round = self.round_offset[first_request]
+        end_round = self.round_offset[end_request - 1] + engine.output_tokens[end_request - 1]
+        table = self.spec.accept_table[first_round:end_round]
+        num_rounds = table.shape[0]
+        fits = num_rounds * (self.num_speculative_tokens + 1) < 2**31
+        out = np.zeros(num_rounds + 3, dtype=np.int32 if fits else np.int64)
+        for start in range(0, num_rounds, EMITTED_CHUNK):  # in chunks: no temporary as large as the block
+            stop = min(start + EMITTED_CHUNK, num_rounds)
             chunk = out[start + 3:stop + 3]
             np.cumsum(table[start:stop] + 1, dtype=out.dtype, out=chunk)
             chunk += out[start + 2]
-        self.emitted_before = out
-        self.emitted_key = out.dtype.type
-        # every request's first join (no round yet, its first token generated by its prefill): C at its
-        # first draw and the end of its rounds, for all requests at once (8 bytes per request)
-        first = np.asarray(self.round_offset, dtype=np.int64) + 2
+        # each request's first join (no round yet, its first token generated by its prefill): C at its
+        # first draw and the end of its rounds, for the whole block at once
+        first = np.asarray(self.round_offset[first_request:end_request], dtype=np.int64) - first_round + 2
         before = out[first]
-        remaining = np.asarray(self.engine.output_tokens, dtype=np.int64) - 1
+        remaining = np.asarray(engine.output_tokens[first_request:end_request], dtype=np.int64) - 1
         stop = out.searchsorted((before + remaining).astype(out.dtype))
-        self.first_before = array("q", before.astype(np.int64).tobytes())
-        self.first_stop = array("q", stop.astype(np.int64).tobytes())
-        return out
+        emitted = EmittedBlock(first_request, end_request, first_round, out, out.dtype.type,
+                               array("q", before.astype(np.int64).tobytes()), array("q", stop.astype(np.int64).tobytes()))
+        self.emitted_blocks[block] = emitted
+        return emitted
 
     def _join_fixed(self, r: int, g: int, k: int, computed0: int, generated0: int, remaining: int) -> None:
         """:meth:`join` for ``k = K`` drafts with a fixed verify width over the precomputed table (accepted
-        ``min(A, K) = A``): the same timeline from a few slices of :meth:`_emitted_before`. With
-        ``s`` the decoder's first draw and ``b = C[s + 2]``: its rounds are those until ``C`` reaches ``b +
+        ``min(A, K) = A``): the same timeline from a few slices of its block's cumulative sum ``C``
+        (:meth:`_emitted_block`). With ``s`` the decoder's first draw in the block and ``b = C[s + 2]``: its rounds are those until ``C`` reaches ``b +
         remaining``, ``ncb_i = computed0 + C[s + 2 + i] - b``, and its KV need ``(ncb_i + q + L + bs - 1) //
         bs``; under async scheduling round ``i >= 1`` adds the previous round's rejected drafts, and
         ``ncb_i + rejected_i = ncb_{i-1} + 1 + a_{i-1} + q - 1 - a_{i-1} = ncb_{i-1} + q``, so its need
         reads ``C`` one round earlier (round 0's rejected drafts are the request's own)."""
         engine = self.engine_ref()
-        emitted_before = self.emitted_before
-        if emitted_before is None:
-            emitted_before = self._emitted_before()
+        block = self.emitted_blocks.get(r // EMITTED_BLOCK_REQUESTS)
+        if block is None:
+            block = self._emitted_block(r // EMITTED_BLOCK_REQUESTS)
+        emitted_before = block.emitted_before
         round0 = self.rounds_done[r]
-        s = self.round_offset[r] + round0
+        s = self.round_offset[r] + round0 - block.first_round  # its next round's index in the block
         if round0 == 0 and generated0 == 1:
-            before, stop = self.first_before[r], self.first_stop[r]
+            before, stop = block.first_before[r - block.first_request], block.first_stop[r - block.first_request]
         else:
             before = int(emitted_before[s + 2])
             # C[stop] is the first >= before + remaining (a key of C's own dtype: a Python int would make
             # searchsorted convert all of C)
-            stop = int(emitted_before.searchsorted(self.emitted_key(before + remaining)))
+            stop = int(emitted_before.searchsorted(block.key(before + remaining)))
         num_rounds = stop - 2 - s
         shift = computed0 - before
         ncb = emitted_before[s + 2:stop] + shift
@@ -504,7 +542,8 @@ class SpeculativeDecoding:
         sums += ncb
         sums = self.step_new_blocks[g:end]
         sums += new_blocks
-        self.timelines[r] = DecoderTimeline(g, num_rounds, ncb, held, self.spec.accept_table[s:s + num_rounds],
+        table_start = block.first_round + s
+        self.timelines[r] = DecoderTimeline(g, num_rounds, ncb, held, self.spec.accept_table[table_start:table_start + num_rounds],
                                             generated0, blocks0, round0, new_blocks, q, k)
         self.num_decoders += 1
         engine.add_finish(r, end - 1)
