@@ -240,7 +240,9 @@ class SpeculativeDecoding:
         self.round_offset = (np.concatenate(([0], np.cumsum(np.asarray(output_tokens, dtype=np.int64))[:-1])).tolist()
                              if num_requests else [])
         self.rounds_done = [0] * num_requests  # verification rounds each request has run
-        self.acceptance_tables: list = [None] * num_requests  # per request: (first round, int array of A values)
+        # per request (drawn at each decode phase's start when the table is not precomputed): (first round,
+        # int array of A values)
+        self.acceptance_tables: list = [None] * num_requests
         self.known_at_join = [0] * num_requests  # async + prefix caching: tokens known when a decoder's first round is scheduled
         self.num_drafts = 0
         self.num_draft_tokens = 0
@@ -333,9 +335,7 @@ class SpeculativeDecoding:
         spec = self.spec
         engine = self.engine_ref()
         output_tokens = engine.output_tokens[r]
-        if spec.accept_table is not None:  # precomputed for every round of every request
-            offset = self.round_offset[r]
-            self.acceptance_tables[r] = (0, spec.accept_table[offset: offset + output_tokens])
+        if spec.accept_table is not None:  # precomputed for every round of every request: read in place
             return
         first_round = self.rounds_done[r]
         remaining = output_tokens - engine.num_generated[r]
@@ -359,6 +359,9 @@ class SpeculativeDecoding:
 
     def acceptance_draw(self, r: int) -> int:
         """``A_r(u)`` of ``r``'s next round: drafts it would accept of K (-1: an empty n-gram draft)."""
+        accept_table = self.spec.accept_table
+        if accept_table is not None:  # the request's rounds start at round_offset in the precomputed table
+            return int(accept_table[self.round_offset[r] + self.rounds_done[r]])
         first_round, table = self.acceptance_tables[r]
         return int(table[self.rounds_done[r] - first_round])
 
@@ -569,9 +572,14 @@ class SpeculativeDecoding:
             self._join_fixed(r, g, k, computed0, generated0, remaining)
             return
         blocks0, round0 = engine.num_blocks[r], self.rounds_done[r]
-        first_round, table = self.acceptance_tables[r]
+        if self.spec.accept_table is not None:  # precomputed: the request's rounds from round_offset on
+            start = self.round_offset[r] + round0
+            table = self.spec.accept_table[start: start + remaining]
+        else:
+            first_round, table = self.acceptance_tables[r]
+            table = table[round0 - first_round: round0 - first_round + remaining]
         # int64: the precomputed table is int8, and arithmetic with a request's token counts must not wrap
-        draws = table[round0 - first_round: round0 - first_round + remaining].astype(np.int64)
+        draws = table.astype(np.int64)
         variable = self.variable_width
         if k == 0:
             num_rounds = remaining
