@@ -57,7 +57,7 @@ from math import inf
 
 import numpy as np
 
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, IntLog, blocks_of_at_most
 from servesim.roofline import SUBPS_BITS, SUBPS_MASK
 from servesim.speculation.costs import DrafterCost
 from servesim.speculation.schedule import KSchedule
@@ -268,6 +268,9 @@ class SpeculativeDecoding:
         # the rounds of the timelines that left: accepted drafts per round, by k with a fixed width, else
         # (accepted, tokens) per round
         self.fixed_segments: dict[int, list[np.ndarray]] = {}
+        # ... and those whose accepted drafts are the precomputed table's own (k = K, fixed width: A <= K):
+        # (first table index, rounds) each, not a view object per segment
+        self.table_segments = IntLog(2)
         self.segments: list[tuple[np.ndarray, np.ndarray]] = []
         self.base_by_tokens = np.full(engine.max_num_batched_tokens + 1, -1, dtype=np.int64)  # tokens_subps memo
         # a fixed verify width over a precomputed table: a decoder verifying k = K drafts accepts A(u) (<= K)
@@ -634,9 +637,22 @@ class SpeculativeDecoding:
 
     def _segment_counters(self) -> None:
         """Add the vLLM counters of the rounds run by aggregated decoders (recorded as segments at leave)."""
-        if not self.segments and not self.fixed_segments:
+        if not self.segments and not self.fixed_segments and not len(self.table_segments):
             return
         accs, drafted_rounds, draft_tokens = [], 0, 0
+        counts = np.zeros(self.num_speculative_tokens + 1, dtype=np.int64)
+        if len(self.table_segments):
+            starts, lengths = self.table_segments.array().T
+            rounds = int(lengths.sum())
+            drafted_rounds += rounds
+            draft_tokens += self.verify_widths[self.num_speculative_tokens] * rounds
+            table = self.spec.accept_table
+            for lo, hi in blocks_of_at_most(lengths, COUNT_BLOCK_ROUNDS):  # the rounds' table indices, a block at a time
+                block = lengths[lo:hi]
+                offsets = np.cumsum(block) - block
+                index = np.repeat(starts[lo:hi] - offsets, block) + np.arange(int(block.sum()), dtype=np.int64)
+                counts += np.bincount(table[index], minlength=self.num_speculative_tokens + 1)
+            self.table_segments = IntLog(2)
         for k, arrays in self.fixed_segments.items():  # k drafts every round
             accepted = np.concatenate(arrays)
             accs.append(accepted)
@@ -649,10 +665,12 @@ class SpeculativeDecoding:
             draft_tokens += int((q - 1).sum())
         self.fixed_segments = {}
         self.segments = []
-        accepted = accs[0] if len(accs) == 1 else np.concatenate(accs)  # int8 / int16 like the acceptance table
-        # counted a block at a time: bincount works in intp, 8 bytes per round for the whole array at once
-        counts = sum(np.bincount(accepted[lo:lo + COUNT_BLOCK_ROUNDS], minlength=self.num_speculative_tokens + 1)
-                     for lo in range(0, max(len(accepted), 1), COUNT_BLOCK_ROUNDS)).tolist()
+        if accs:
+            accepted = accs[0] if len(accs) == 1 else np.concatenate(accs)  # int8 / int16 like the acceptance table
+            # counted a block at a time: bincount works in intp, 8 bytes per round for the whole array at once
+            for lo in range(0, len(accepted), COUNT_BLOCK_ROUNDS):
+                counts += np.bincount(accepted[lo:lo + COUNT_BLOCK_ROUNDS], minlength=self.num_speculative_tokens + 1)
+        counts = counts.tolist()
         self.num_drafts += drafted_rounds
         self.num_draft_tokens += draft_tokens
         at_least = 0
@@ -707,6 +725,10 @@ class SpeculativeDecoding:
                 # the rounds run (a whole timeline's arrays hold exactly its rounds)
                 if variable:
                     self.segments.append((accepted[:m], q[:m]) if m < num_rounds else (accepted, q))
+                elif timeline.k == self.num_speculative_tokens and self.fixed_table:
+                    self.table_segments.items += (self.round_offset[r] + timeline.round_at_start, m)
+                    if self.table_segments.full():
+                        self.table_segments.compact()
                 else:
                     self.fixed_segments.setdefault(timeline.k, []).append(accepted[:m] if m < num_rounds else accepted)
                 engine.rejected_drafts[r] = (int(q[m - 1]) if variable else q) - 1 - last_accepted
