@@ -490,15 +490,16 @@ class SpeculativeDecoding:
         remaining = np.asarray(engine.output_tokens[first_request:end_request], dtype=np.int64) - 1
         stop = out.searchsorted((before + remaining).astype(out.dtype))
         emitted = EmittedBlock(first_request, end_request, first_round, out, out.dtype.type,
-                               array("q", before.astype(np.int64).tobytes()), array("q", stop.astype(np.int64).tobytes()))
+                               array("q", before.astype(np.int64).tobytes()),
+                               array("q", stop.astype(np.int64).tobytes()))
         self.emitted_blocks[block] = emitted
         return emitted
 
     def _join_fixed(self, r: int, g: int, k: int, computed0: int, generated0: int, remaining: int) -> None:
         """:meth:`join` for ``k = K`` drafts with a fixed verify width over the precomputed table (accepted
         ``min(A, K) = A``): the same timeline from a few slices of its block's cumulative sum ``C``
-        (:meth:`_emitted_block`). With ``s`` the decoder's first draw in the block and ``b = C[s + 2]``: its rounds are those until ``C`` reaches ``b +
-        remaining``, ``ncb_i = computed0 + C[s + 2 + i] - b``, and its KV need ``(ncb_i + q + L + bs - 1) //
+        (:meth:`_emitted_block`). With ``s`` the decoder's first draw in the block and ``b = C[s + 2]``:
+        its rounds are those until ``C`` reaches ``b + remaining``, ``ncb_i = computed0 + C[s + 2 + i] - b``, and its KV need ``(ncb_i + q + L + bs - 1) //
         bs``; under async scheduling round ``i >= 1`` adds the previous round's rejected drafts, and
         ``ncb_i + rejected_i = ncb_{i-1} + 1 + a_{i-1} + q - 1 - a_{i-1} = ncb_{i-1} + q``, so its need
         reads ``C`` one round earlier (round 0's rejected drafts are the request's own)."""
@@ -549,7 +550,8 @@ class SpeculativeDecoding:
         sums = self.step_new_blocks[g:end]
         sums += new_blocks
         table_start = block.first_round + s
-        self.timelines[r] = DecoderTimeline(g, num_rounds, ncb, held, self.spec.accept_table[table_start:table_start + num_rounds],
+        accepted = self.spec.accept_table[table_start:table_start + num_rounds]
+        self.timelines[r] = DecoderTimeline(g, num_rounds, ncb, held, accepted,
                                             generated0, blocks0, round0, new_blocks, q, k)
         self.num_decoders += 1
         engine.add_finish(r, end - 1)
