@@ -135,7 +135,9 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         from servesim.speculation.config import SpeculativeConfig
         from servesim.speculation.costs import build_drafter
 
-        spec = validate(SpeculativeConfig, cfg.speculative_config, "config", key_prefix="speculative_config")
+        # checked when the SimConfig was validated (its errors name the config file); a mapping changed since
+        # is named as what it is
+        spec = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")
         spec.check_target(model)
         draft_tp = spec.draft_tensor_parallel_size
         if draft_tp is not None and draft_tp not in (1, tp):  # vllm/config/speculative.py, _verify_and_get_draft_tp

@@ -206,3 +206,36 @@ def test_a_workload_that_is_not_one_gets_a_plain_message(tmp_path, capsys, overr
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
     err = capsys.readouterr().err
     assert err == f"servesim: error: {cfg}: {message}\n", err
+
+
+BAD_SPEC = {"method": "eagle", "num_speculative_tokens": 0}
+BAD_SPEC_ERROR = "speculative_config.num_speculative_tokens: Input should be greater than or equal to 1 (got 0)\n"
+
+
+@pytest.mark.parametrize("command", [["run", "--no-plot"], ["tune-k"], ["capacity", "--slo", "ttft_p99=0.5"]])
+def test_speculative_config_errors_name_the_config_file(tmp_path, capsys, command):
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": BAD_SPEC})
+    assert main([command[0], str(cfg), *command[1:], "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {BAD_SPEC_ERROR}"
+
+
+def test_speculative_config_option_errors_name_the_option(tmp_path, capsys):
+    import json
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--speculative-config", json.dumps(BAD_SPEC)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: --speculative-config: {BAD_SPEC_ERROR}"
+    # refined by --set, the speculative_config is the config's: named by its file
+    assert main([*argv, "--set", "speculative_config.method=eagle"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {BAD_SPEC_ERROR}"
+
+
+def test_sweep_checks_the_points_speculative_configs_up_front(tmp_path, capsys):
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    variants = {"plain": {}, "eagle": {"speculative_config": BAD_SPEC}}
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "variants": variants})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {sweep} (point ") and err.endswith(f": {BAD_SPEC_ERROR}"), err
+    assert not (tmp_path / "o" / "summary.csv").exists()

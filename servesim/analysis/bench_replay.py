@@ -30,8 +30,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from servesim.input_models import InputModel
 from servesim.errors import ConfigError
 
 METRICS: tuple[tuple[str, str, str, float], ...] = (
@@ -43,7 +44,7 @@ METRICS: tuple[tuple[str, str, str, float], ...] = (
 """What a replay reports: measured key of the result, simulated summary key, unit, unit factor."""
 
 
-class BenchCase(BaseModel):
+class BenchCase(InputModel):
     """A ``vllm bench serve --save-result`` result and the server settings it was measured with."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)

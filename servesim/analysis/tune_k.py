@@ -437,7 +437,9 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
 
     if cfg.speculative_config is None:
         raise ConfigError("speculative_config: tune-k needs a config with a speculative_config (method, acceptance)")
-    spec_model = validate(SpeculativeConfig, cfg.speculative_config, "config", key_prefix="speculative_config")
+    # checked when the SimConfig was validated (its errors name the config file); a mapping changed since
+    # is named as what it is
+    spec_model = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")
     spec = dict(cfg.speculative_config)
     if k_max is None:
         k_max = int(spec_model.num_speculative_tokens)

@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.analysis.bench_replay import BenchCase
 from servesim.errors import ConfigError
 
@@ -50,7 +51,7 @@ CSV_COLUMNS = [
 ]
 
 
-class _Strict(BaseModel):
+class _Strict(InputModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 

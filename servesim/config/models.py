@@ -18,12 +18,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
+from servesim.input_models import InputModel
 from servesim.workload.config import WorkloadConfig
 
 
-class _Strict(BaseModel):
+class _Strict(InputModel):
     model_config = ConfigDict(defer_build=True, extra="forbid")
 
 
@@ -206,6 +207,17 @@ class SimConfig(_Strict):
     simulation: SimulationConfig = SimulationConfig()
     deployment: DeploymentConfig = DeploymentConfig()
     speculative_config: dict[str, Any] | None = None
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_speculative_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # checked here, so that its errors name the config file and the key (speculative_config.KEY) as every
+        # other field's do; kept as the mapping that the run's wiring and tune-k build their models from
+        if value is not None:
+            from servesim.speculation.config import SpeculativeConfig
+
+            SpeculativeConfig.model_validate(value)
+        return value
 
 
 def load_config(

@@ -22,15 +22,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.workload.lengths import EmpiricalPairsConfig, LengthConfig, TraceFormat
 from servesim.workload.system_prompts import SystemPromptsConfig
 
 _SYSTEM_PROMPTS = "shared system prompts prepended to the prompts (Zipf popularity)"
 
 
-class TraceWorkloadConfig(BaseModel):
+class TraceWorkloadConfig(InputModel):
     """Replay a trace file (Azure CSV or Mooncake JSONL) open loop; see :func:`servesim.workload.load_trace`."""
 
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
@@ -60,7 +61,7 @@ class TraceWorkloadConfig(BaseModel):
         return self
 
 
-class _SyntheticBase(BaseModel):
+class _SyntheticBase(InputModel):
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     prompt_tokens: LengthConfig | None = Field(None, description="prompt length distribution (tokens)")
@@ -125,7 +126,7 @@ class ClosedLoopWorkloadConfig(_SyntheticBase):
         return self
 
 
-class MultiTurnWorkloadConfig(BaseModel):
+class MultiTurnWorkloadConfig(InputModel):
     """Multi-turn conversations: each turn's prompt = the session's history + a new message.
 
     See :mod:`servesim.workload.multi_turn` for the process and :mod:`servesim.workload.content` for the

@@ -25,7 +25,9 @@ from pathlib import Path
 from typing import Annotated, Literal, Protocol, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from servesim.input_models import InputModel
 
 
 TraceFormat = Literal["auto", "azure", "mooncake"]
@@ -232,7 +234,7 @@ def resolve_path(path: str, base_dir: Path | None) -> Path:
     return p
 
 
-class _LengthBase(BaseModel):
+class _LengthBase(InputModel):
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     min: int | None = Field(None, ge=1, description="clip draws below this up to it (tokens); default 1")
@@ -348,7 +350,7 @@ LengthConfig = Annotated[
 """A token-length distribution (discriminated on ``type``: fixed, uniform, lognormal, empirical)."""
 
 
-class EmpiricalPairsConfig(BaseModel):
+class EmpiricalPairsConfig(InputModel):
     """``lengths: {type: empirical, path, format}``: resample (prompt, output) pairs jointly from a trace.
 
     Token counts of 0 in the file are raised to 1 (as when replaying the trace).

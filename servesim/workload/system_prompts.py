@@ -20,13 +20,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import ConfigDict, Field, PositiveInt, model_validator
 
+from servesim.input_models import InputModel
 from servesim.workload.lengths import LengthConfig
 from servesim.workload.workload import Workload
 
 
-class SystemPromptsConfig(BaseModel):
+class SystemPromptsConfig(InputModel):
     """``system_prompts:`` shared system prompts with a Zipf popularity (see the module docstring)."""
 
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
