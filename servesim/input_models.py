@@ -1,5 +1,8 @@
 """The base of every pydantic model that servesim validates user input with.
 
+Numbers must be finite (``allow_inf_nan=False``: ``.nan`` or ``.inf`` for a time, a rate or a size is a
+mistake that would otherwise end in a traceback or a run without end), and must not be booleans.
+
 pydantic's lax mode turns a boolean into a number (``True`` -> ``1``, ``1.0``), so a YAML ``true``, ``yes``
 or ``on`` (or ``--set engine.max_num_seqs=true``) where an integer or a float is expected would run
 silently with 1. :class:`InputModel` refuses that for every integer and float in a model's fields, however
@@ -17,7 +20,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, GetCoreSchemaHandler
+from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 
 #: pydantic error types of a boolean given where a number was expected.
@@ -65,10 +68,13 @@ def refuse_bools_for_numbers(schema: Any) -> Any:
 
 
 class InputModel(BaseModel):
-    """``pydantic.BaseModel`` whose integer and float fields refuse booleans (see the module docstring).
+    """``pydantic.BaseModel`` whose numbers are finite and whose integer and float fields refuse booleans.
 
-    Subclasses set their own ``model_config`` (``extra="forbid"``, ``defer_build`` ...) as before.
+    Subclasses set their own ``model_config`` (``extra="forbid"``, ``defer_build`` ...); pydantic merges it
+    with this one.
     """
+
+    model_config = ConfigDict(allow_inf_nan=False)
 
     @classmethod
     def __get_pydantic_core_schema__(cls, source: type[BaseModel], handler: GetCoreSchemaHandler, /) -> CoreSchema:

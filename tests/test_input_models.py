@@ -156,3 +156,25 @@ def test_sweep_file_refuses_a_bool(tmp_path, capsys):
     sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "replications": True})
     assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == f"servesim: error: {sweep}: replications: expected an integer, got a boolean\n"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("speculative_config.draft_pass_overhead_s=.inf", "speculative_config.draft_pass_overhead_s"),
+    ("speculative_config.ngram_cpu_s_per_request=.inf", "speculative_config.ngram_cpu_s_per_request"),
+    ("speculative_config.temperature=.inf", "speculative_config.temperature"),
+    ("engine.activation_reserve_bytes=.inf", "engine.activation_reserve_bytes"),
+    ("simulation.measure={until_s: .inf}", "simulation.measure.until_s"),
+])
+def test_run_refuses_an_infinite_number(tmp_path, capsys, override, key):
+    # each of these ended in a traceback (OverflowError: cannot convert float infinity to integer) or ran
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": SPEC})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {key}: Input should be a finite number (got inf)\n"
+
+
+def test_cards_refuse_an_infinite_number(tmp_path):
+    from servesim.cards.loading import load_hardware
+
+    path = write_yaml(tmp_path / "gpu.yaml", {**_card("gpus/h100-sxm.yaml"), "step_overhead_s": float("inf")})
+    with pytest.raises(ConfigError, match=r"gpu\.yaml: step_overhead_s: Input should be a finite number \(got inf\)$"):
+        load_hardware(str(path))
