@@ -239,3 +239,25 @@ def test_sweep_checks_the_points_speculative_configs_up_front(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"servesim: error: {sweep} (point ") and err.endswith(f": {BAD_SPEC_ERROR}"), err
     assert not (tmp_path / "o" / "summary.csv").exists()
+
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,"
+
+
+@pytest.mark.parametrize("name, body, where, count", [
+    ("t.csv", AZURE_HEADER + "99999999999999999999999,5\n", "line 2: ContextTokens", 10**23 - 1),  # a traceback
+    # prompt + output tokens would overflow int64 (and slip past the max_model_len check)
+    ("t.csv", AZURE_HEADER + "5,4611686018427387904\n", "line 2: GeneratedTokens", 2**62),
+    ("t.jsonl", '{"timestamp": 0, "input_length": 99999999999999999999999, "output_length": 5}\n',
+     "line 1: input_length", 10**23 - 1),
+    ("t.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2147483648}\n', "line 1: output_length", 2**31),
+])
+def test_trace_token_counts_beyond_int32_are_refused(tmp_path, name, body, where, count):
+    from servesim.errors import TraceError
+    from servesim.workload.trace import load_trace
+
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert str(info.value) == f"{path}: {where}: expected at most 2147483647 tokens (got {count})"
