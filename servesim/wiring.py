@@ -305,6 +305,11 @@ def arrival_source(workload) -> ArrivalSource:
             )
         times = np.rint(np.asarray(workload.arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
         return ArrivalSource(times=times, num_requests=len(times))
+    if not workload.think_time_s <= MAX_SIMULATED_S / 2:
+        raise ConfigError(
+            f"workload.think_time_s: expected at most {MAX_SIMULATED_S / 2:.3g} s (~26 days), the longest span of "
+            f"arrivals servesim simulates (got {workload.think_time_s:.3g})"
+        )
     return ArrivalSource(
         times=None,
         num_requests=len(workload.prompt_tokens),

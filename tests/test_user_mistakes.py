@@ -261,3 +261,77 @@ def test_trace_token_counts_beyond_int32_are_refused(tmp_path, name, body, where
     with pytest.raises(TraceError) as info:
         load_trace(path)
     assert str(info.value) == f"{path}: {where}: expected at most 2147483647 tokens (got {count})"
+
+
+FIXED5 = "prompt_tokens: {type: fixed, value: 5}, output_tokens: {type: fixed, value: 5}"
+MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {type: fixed, value: 2}, think_time_s: 1, "
+              "message_tokens: {type: fixed, value: 5}, output_tokens: {type: fixed, value: 5}")
+
+
+@pytest.mark.parametrize("override, message", [
+    # each of these was a traceback (ZeroDivisionError, ValueError: Maximum allowed dimension exceeded,
+    # OverflowError, MemoryError), a float cast to garbage, or a run that could not end
+    (f"workload={{type: gamma, rate: 5, cv: 1.0e-300, num_requests: 10, {FIXED5}}}",
+     "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
+    (f"workload={{type: gamma, rate: 5, cv: 1.0e+100, duration_s: 10, {FIXED5}}}",
+     "{cfg}: workload.cv: Input should be less than or equal to 1000 (got 1e+100)"),
+    (MULTI_TURN + ", cv: 1.0e-300}", "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
+    (MULTI_TURN + ", think_time_cv: 1.0e-300}",
+     "{cfg}: workload: think_time_cv: expected 0 (fixed) or at least 1e-06 (got 1e-300)"),
+    (f"workload={{type: poisson, rate: 1.0e+300, duration_s: 10, {FIXED5}}}",
+     "{cfg}: workload: rate x duration_s = 1e+301 requests expected; servesim simulates at most 2147483647 "
+     "(lower the rate or duration_s)"),
+    ("workload.num_requests=1000000000000",
+     "{cfg}: workload.num_requests: Input should be less than or equal to 2147483647 (got 1000000000000)"),
+    (f"workload={{type: closed_loop, concurrency: 2000000000, requests_per_client: 5, {FIXED5}}}",
+     "{cfg}: workload: concurrency x requests_per_client = 10000000000 requests; servesim simulates at most 2147483647"),
+    (f"workload={{type: closed_loop, concurrency: 2, think_time_s: 1.0e+300, num_requests: 5, {FIXED5}}}",
+     "workload.think_time_s: expected at most 2.31e+06 s (~26 days), the longest span of arrivals servesim "
+     "simulates (got 1e+300)"),
+    ("workload.prompt_tokens={type: fixed, value: 99999999999999999999999}",
+     "{cfg}: workload.prompt_tokens.value: Input should be less than or equal to 2147483647 "
+     "(got 99999999999999999999999)"),
+    ("workload.prompt_tokens={type: lognormal, mean: 1.0e+300, cv: 1}",
+     "{cfg}: workload.prompt_tokens.mean: Input should be less than or equal to 2147483647 (got 1e+300)"),
+    ("workload.system_prompts={prompt_lengths: [99999999999999999999999]}",
+     "{cfg}: workload.system_prompts.prompt_lengths.0: Input should be less than or equal to 2147483647 "
+     "(got 99999999999999999999999)"),
+])
+def test_extreme_workload_numbers_get_one_line(tmp_path, capsys, override, message):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
+    assert capsys.readouterr().err == "servesim: error: " + message.format(cfg=cfg) + "\n"
+
+
+def test_infinite_lognormal_draws_are_cut_at_the_token_limit():
+    import numpy as np
+
+    from servesim.workload.lengths import LognormalLength
+
+    # sigma 1000: draws overflow to inf, which the int64 cast turned into -2^63 (a ValueError traceback)
+    draws = LognormalLength(mu=4.6, sigma=1000.0).sample(np.random.default_rng(0), 64)
+    assert draws.min() == 1 and draws.max() == 2**31 - 1
+    assert set(draws.tolist()) == {1, 2**31 - 1}
+
+
+def test_huge_lognormal_cv_runs(tmp_path):
+    from servesim.workload.lengths import LognormalLengthConfig
+
+    # cv^2 overflowed a float (OverflowError); log1p(cv^2) is 2 ln(cv) to double precision there
+    mu, sigma = LognormalLengthConfig(type="lognormal", mean=100, cv=1e300).mu_sigma()
+    assert sigma == pytest.approx((2 * 300 * 2.302585092994046) ** 0.5, rel=1e-12)
+    assert mu == pytest.approx(4.605170185988092 - 300 * 2.302585092994046, rel=1e-12)
+
+
+def test_not_enough_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    import servesim.cli.run
+
+    def too_big(args):
+        raise MemoryError("Unable to allocate 7.28 TiB for an array with shape (1000000000000,) and data type int64")
+
+    monkeypatch.setattr(servesim.cli.run, "run", too_big)
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("servesim: error: not enough memory (Unable to allocate 7.28 TiB for an array "
+                                       "with shape (1000000000000,) and data type int64): give a smaller workload, "
+                                       "grid or trace\n")
