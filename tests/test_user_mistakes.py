@@ -335,3 +335,14 @@ def test_not_enough_memory_is_one_line(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().err == ("servesim: error: not enough memory (Unable to allocate 7.28 TiB for an array "
                                        "with shape (1000000000000,) and data type int64): give a smaller workload, "
                                        "grid or trace\n")
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--max-rate", "inf"], "--max-rate: expected a positive rate in requests/s (got inf)"),  # was an OverflowError
+    (["--replicas", "inf"], "--replicas: expected a positive target rate in requests/s (got inf)"),  # named 'config'
+])
+def test_capacity_refuses_infinite_rates(tmp_path, capsys, option, message):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--out", str(tmp_path / "o"), "--quiet", *option]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: {message}\n"
