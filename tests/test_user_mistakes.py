@@ -275,7 +275,8 @@ MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {typ
      "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
     (f"workload={{type: gamma, rate: 5, cv: 1.0e+100, duration_s: 10, {FIXED5}}}",
      "{cfg}: workload.cv: Input should be less than or equal to 1000 (got 1e+100)"),
-    (MULTI_TURN + ", cv: 1.0e-300}", "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
+    (MULTI_TURN + ", cv: 1.0e-300}",
+     "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
     (MULTI_TURN + ", think_time_cv: 1.0e-300}",
      "{cfg}: workload: think_time_cv: expected 0 (fixed) or at least 1e-06 (got 1e-300)"),
     (f"workload={{type: poisson, rate: 1.0e+300, duration_s: 10, {FIXED5}}}",
@@ -284,7 +285,8 @@ MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {typ
     ("workload.num_requests=1000000000000",
      "{cfg}: workload.num_requests: Input should be less than or equal to 2147483647 (got 1000000000000)"),
     (f"workload={{type: closed_loop, concurrency: 2000000000, requests_per_client: 5, {FIXED5}}}",
-     "{cfg}: workload: concurrency x requests_per_client = 10000000000 requests; servesim simulates at most 2147483647"),
+     "{cfg}: workload: concurrency x requests_per_client = 10000000000 requests; servesim simulates at most "
+     "2147483647"),
     (f"workload={{type: closed_loop, concurrency: 2, think_time_s: 1.0e+300, num_requests: 5, {FIXED5}}}",
      "workload.think_time_s: expected at most 2.31e+06 s (~26 days), the longest span of arrivals servesim "
      "simulates (got 1e+300)"),
@@ -345,4 +347,22 @@ def test_capacity_refuses_infinite_rates(tmp_path, capsys, option, message):
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
     argv = ["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--out", str(tmp_path / "o"), "--quiet", *option]
     assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: {message}\n"
+
+
+@pytest.mark.parametrize("option, message", [
+    # was "config: speculative_config: num_speculative_tokens=129 exceeds 128 ..." after 129 runs
+    (["--k-max", "1000"], "--k-max: expected at most 128 tokens, the most drafts vLLM's rejection sampler verifies "
+                          "per request and step (got 1000)"),
+    # were named 'config: workload: ...' (or ran out of memory)
+    (["--batch-sizes", "99999999999"],
+     "--batch-sizes x --requests-per-client: 99999999999 x 8 requests is more than the 2147483647 servesim simulates"),
+    (["--batch-sizes", "4", "--requests-per-client", "100000000000"],
+     "--batch-sizes x --requests-per-client: 4 x 100000000000 requests is more than the 2147483647 servesim "
+     "simulates"),
+])
+def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, option, message):
+    spec = {"method": "eagle", "num_speculative_tokens": 2}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
+    assert main(["tune-k", str(cfg), "--out", str(tmp_path / "o"), "--quiet", *option]) == 2
     assert capsys.readouterr().err == f"servesim: error: {message}\n"
