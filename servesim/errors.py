@@ -17,3 +17,13 @@ class ConfigError(ServesimError):
 
 class TraceError(ServesimError):
     """A request trace cannot be read or has a malformed row (raised by :mod:`servesim.workload`)."""
+
+
+class SettingError(ConfigError):
+    """A run-config setting that passes validation but cannot run with the rest, found while the run is
+    wired (a block size vLLM refuses, attention heads not divisible by the tensor parallel size, a request
+    longer than ``max_model_len``).
+
+    The message starts with the setting's dotted key (``engine.block_size: ...``);
+    :func:`servesim.simulate` puts the config file's name in front when the config was read from one.
+    """

@@ -12,7 +12,7 @@ from servesim.config.models import SimConfig
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.engine.kv_cache import kv_cache_blocks
-from servesim.errors import ConfigError
+from servesim.errors import SettingError
 from servesim.roofline import PS_PER_S, build_step_time_model
 
 
@@ -20,8 +20,9 @@ def resolve_cards(cfg: SimConfig, folder: Path):
     """Load the hardware and model cards named by ``cfg``, applying the roofline overrides."""
     from servesim.cards import load_hardware, load_model
 
-    hardware = load_hardware(cfg.hardware, base_dir=folder)
-    model = load_model(cfg.model, base_dir=folder)
+    # an unknown name is named by its key (an inline card was checked with the config, a file names itself)
+    hardware = load_hardware(cfg.hardware, base_dir=folder, source="hardware")
+    model = load_model(cfg.model, base_dir=folder, source="model")
     updates = {
         k: v
         for k, v in (
@@ -51,21 +52,21 @@ def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_
     """Reject settings vLLM itself would reject, with vLLM-like messages.
 
     Raises:
-        ConfigError: block size not among vLLM's choices, attention heads not divisible by the tensor
+        SettingError: block size not among vLLM's choices, attention heads not divisible by the tensor
             parallel size, or ``max_num_batched_tokens < max_num_seqs``.
     """
     e = cfg.engine
     if e.block_size not in VLLM_BLOCK_SIZES:
-        raise ConfigError(f"engine.block_size: expected one of {list(VLLM_BLOCK_SIZES)} as in vLLM (got {e.block_size})")
+        raise SettingError(f"engine.block_size: expected one of {list(VLLM_BLOCK_SIZES)} as in vLLM (got {e.block_size})")
     heads = getattr(model, "num_attention_heads", None)
     tp = cfg.tensor_parallel_size
     if heads and heads % tp:
-        raise ConfigError(
+        raise SettingError(
             f"tensor_parallel_size: total number of attention heads ({heads}) must be divisible by tensor "
             f"parallel size ({tp})"
         )
     if max_num_batched_tokens < max_num_seqs:
-        raise ConfigError(
+        raise SettingError(
             f"engine: max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal to "
             f"max_num_seqs ({max_num_seqs})"
         )
@@ -81,14 +82,14 @@ def resolve_async_scheduling(cfg: SimConfig, spec) -> bool:
     method does not support it (then vLLM silently runs synchronously) or llama.cpp's draft budget rule is on.
 
     Raises:
-        ConfigError: async scheduling asked for with a speculative method vLLM does not support it with.
+        SettingError: async scheduling asked for with a speculative method vLLM does not support it with.
     """
     wanted = cfg.engine.async_scheduling
     supported = spec is None or (spec.method in ASYNC_SPECULATIVE_METHODS and not spec.draft_budget_limit)
     if wanted is None:
         return supported
     if wanted and not supported:
-        raise ConfigError(
+        raise SettingError(
             "engine.async_scheduling: currently, async scheduling is only supported with EAGLE/MTP/Draft Model "
             f"kind of speculative decoding (got method '{spec.method}')"
         )
@@ -141,12 +142,12 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         spec.check_target(model)
         draft_tp = spec.draft_tensor_parallel_size
         if draft_tp is not None and draft_tp not in (1, tp):  # vllm/config/speculative.py, _verify_and_get_draft_tp
-            raise ConfigError(
+            raise SettingError(
                 f"speculative_config.draft_tensor_parallel_size: {draft_tp} cannot be other value than 1 or "
                 f"target model tensor_parallel_size ({tp})"
             )
         if budget <= spec.max_num_new_slots_for_drafting:
-            raise ConfigError(
+            raise SettingError(
                 f"engine.max_num_batched_tokens: VllmConfig does not have enough slots to schedule a token and support "
                 f"the speculative decoding settings (max_num_batched_tokens={budget}, "
                 f"max_num_new_slots_for_drafting={spec.max_num_new_slots_for_drafting})"
@@ -173,7 +174,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         worst = int(lengths.max())
         if worst > max_len:
             count = int((lengths > max_len).sum())
-            raise ConfigError(
+            raise SettingError(
                 f"workload: {count} request(s) need more than max_model_len={max_len} tokens (longest {worst}); "
                 "vLLM would reject them: cap the lengths or raise engine.max_model_len"
             )
@@ -294,19 +295,19 @@ def arrival_source(workload) -> ArrivalSource:
     """The engine's arrival source for a workload: open-loop times, or closed-loop clients.
 
     Raises:
-        ConfigError: the arrivals span more simulated time than the engine's clock holds.
+        SettingError: the arrivals span more simulated time than the engine's clock holds.
     """
     if workload.concurrency is None:
         last = float(np.max(workload.arrival_s)) if len(workload.arrival_s) else 0.0
         if not last <= MAX_SIMULATED_S / 2:
-            raise ConfigError(
+            raise SettingError(
                 f"workload: the last request arrives at {last:.3g} s; servesim simulates at most "
                 f"{MAX_SIMULATED_S / 2:.3g} s (~26 days) of arrivals: raise the rate or rate_scale"
             )
         times = np.rint(np.asarray(workload.arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tolist()
         return ArrivalSource(times=times, num_requests=len(times))
     if not workload.think_time_s <= MAX_SIMULATED_S / 2:
-        raise ConfigError(
+        raise SettingError(
             f"workload.think_time_s: expected at most {MAX_SIMULATED_S / 2:.3g} s (~26 days), the longest span of "
             f"arrivals servesim simulates (got {workload.think_time_s:.3g})"
         )
@@ -322,7 +323,7 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
     """One replica's engine over ``source`` (requests ``0..N-1`` of the given token arrays).
 
     Raises:
-        ConfigError: a request can never be served with these settings.
+        SettingError: a request can never be served with these settings.
     """
     e = p.cfg.engine
     try:
@@ -344,7 +345,7 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
             max_time_s=p.cfg.simulation.max_time_s,
         )
     except ValueError as exc:
-        raise ConfigError(f"engine: {exc}") from None
+        raise SettingError(f"engine: {exc}") from None
 
 
 def build_engine(cfg: SimConfig, folder: Path, root: np.random.SeedSequence):

@@ -116,8 +116,9 @@ def test_draft_tensor_parallel_size_must_be_one_or_the_targets(tmp_path, capsys,
     if ok:
         assert status == 0, err
     else:
-        assert status == 2 and err == (f"servesim: error: speculative_config.draft_tensor_parallel_size: {draft_tp} "
-                                       f"cannot be other value than 1 or target model tensor_parallel_size ({tp})\n")
+        assert status == 2 and err == (f"servesim: error: {cfg}: speculative_config.draft_tensor_parallel_size: "
+                                       f"{draft_tp} cannot be other value than 1 or target model tensor_parallel_size "
+                                       f"({tp})\n")
         assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
@@ -288,7 +289,7 @@ MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {typ
      "{cfg}: workload: concurrency x requests_per_client = 10000000000 requests; servesim simulates at most "
      "2147483647"),
     (f"workload={{type: closed_loop, concurrency: 2, think_time_s: 1.0e+300, num_requests: 5, {FIXED5}}}",
-     "workload.think_time_s: expected at most 2.31e+06 s (~26 days), the longest span of arrivals servesim "
+     "{cfg}: workload.think_time_s: expected at most 2.31e+06 s (~26 days), the longest span of arrivals servesim "
      "simulates (got 1e+300)"),
     ("workload.prompt_tokens={type: fixed, value: 99999999999999999999999}",
      "{cfg}: workload.prompt_tokens.value: Input should be less than or equal to 2147483647 "
@@ -366,3 +367,30 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
     cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
     assert main(["tune-k", str(cfg), "--out", str(tmp_path / "o"), "--quiet", *option]) == 2
     assert capsys.readouterr().err == f"servesim: error: {message}\n"
+
+
+@pytest.mark.parametrize("override, message", [
+    # settings refused while the run is wired named the key but not the file
+    ("engine.block_size=3", "engine.block_size: expected one of [1, 8, 16, 32, 64, 128] as in vLLM (got 3)"),
+    ("tensor_parallel_size=3",
+     "tensor_parallel_size: total number of attention heads (32) must be divisible by tensor parallel size (3)"),
+    ("engine.max_num_batched_tokens=8",
+     "engine: max_num_batched_tokens (8) must be greater than or equal to max_num_seqs (1024)"),
+    # an inline card's errors were named 'inline model card'
+    ("model={name: x}", "model.max_model_len: required key is missing"),
+    ("hardware={name: x, vendor: y, memory_bytes: .inf, memory_bandwidth_bytes_per_s: 3.0e+12, "
+     "peak_flops_per_s: {bf16: 1.0e+15}}", "hardware.memory_bytes: Input should be a finite number (got inf)"),
+])
+def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
+
+
+def test_a_setting_of_a_config_built_in_python_is_named_by_its_key():
+    from servesim import simulate
+    from servesim.errors import SettingError
+
+    with pytest.raises(SettingError) as info:
+        simulate({**SMALL, "engine": {"block_size": 3}})
+    assert str(info.value) == "engine.block_size: expected one of [1, 8, 16, 32, 64, 128] as in vLLM (got 3)"

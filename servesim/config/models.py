@@ -18,7 +18,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
 from servesim.input_models import InputModel
 from servesim.workload.config import WorkloadConfig
@@ -207,6 +207,13 @@ class SimConfig(_Strict):
     simulation: SimulationConfig = SimulationConfig()
     deployment: DeploymentConfig = DeploymentConfig()
     speculative_config: dict[str, Any] | None = None
+    _source: str | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> str | None:
+        """The file this config was read from (:func:`load_config`), named in errors found when the run is
+        wired (:class:`~servesim.errors.SettingError`); None for a config built in Python."""
+        return self._source
 
     @field_validator("speculative_config")
     @classmethod
@@ -217,6 +224,19 @@ class SimConfig(_Strict):
             from servesim.speculation.config import SpeculativeConfig
 
             SpeculativeConfig.model_validate(value)
+        return value
+
+    @field_validator("hardware", "model")
+    @classmethod
+    def _check_inline_card(cls, value: str | dict[str, Any], info: ValidationInfo) -> str | dict[str, Any]:
+        # an inline card is checked here for the same reason (hardware.FIELD, model.FIELD); names and paths
+        # are resolved when the run is wired, against the config's folder
+        if isinstance(value, dict):
+            if info.field_name == "hardware":
+                from servesim.cards.hardware import HardwareCard as card
+            else:
+                from servesim.cards.model import ModelCard as card
+            card.model_validate(value)
         return value
 
 
@@ -248,4 +268,6 @@ def load_config(
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
         data = set_dotted(data or {}, key, value)
-    return validate(SimConfig, data, str(p)), p.resolve().parent
+    cfg = validate(SimConfig, data, str(p))
+    cfg._source = str(p)
+    return cfg, p.resolve().parent
