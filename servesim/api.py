@@ -77,15 +77,11 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
         ServesimError: an invalid config, an unreadable trace, or a setup that cannot run (one line; a
             setting that cannot run names the config's file when it was read from one).
     """
-    from servesim.errors import SettingError
+    from servesim.errors import naming_settings_of
 
     cfg, folder = _as_config(config, base_dir)
-    try:
+    with naming_settings_of(cfg.source):
         return _simulate(cfg, folder, seed)
-    except SettingError as exc:
-        if cfg.source is None:
-            raise
-        raise SettingError(f"{cfg.source}: {exc}") from None
 
 
 def _simulate(cfg: SimConfig, folder: Path, seed: int | np.random.SeedSequence | None) -> Result:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class ServesimError(Exception):
     """A user-facing error: bad config, bad trace row, impossible setting.
@@ -27,3 +30,17 @@ class SettingError(ConfigError):
     The message starts with the setting's dotted key (``engine.block_size: ...``);
     :func:`servesim.simulate` puts the config file's name in front when the config was read from one.
     """
+
+
+@contextmanager
+def naming_settings_of(source: str | None) -> Iterator[None]:
+    """Put ``source`` (the run config's file) in front of a :class:`SettingError` raised inside.
+
+    Nothing changes when ``source`` is None (a config built in Python) or for any other error.
+    """
+    try:
+        yield
+    except SettingError as exc:
+        if source is None:
+            raise
+        raise SettingError(f"{source}: {exc}") from None

@@ -17,12 +17,25 @@ from servesim.roofline import PS_PER_S, build_step_time_model
 
 
 def resolve_cards(cfg: SimConfig, folder: Path):
-    """Load the hardware and model cards named by ``cfg``, applying the roofline overrides."""
-    from servesim.cards import load_hardware, load_model
+    """Load the hardware and model cards named by ``cfg``, applying the roofline overrides.
 
-    # an unknown name is named by its key (an inline card was checked with the config, a file names itself)
-    hardware = load_hardware(cfg.hardware, base_dir=folder, source="hardware")
-    model = load_model(cfg.model, base_dir=folder, source="model")
+    Raises:
+        SettingError: an unknown card name. ConfigError: a card file that is missing or invalid.
+    """
+    from servesim.cards import load_hardware, load_model
+    from servesim.errors import ConfigError
+
+    cards = []
+    for key, load in (("hardware", load_hardware), ("model", load_model)):
+        try:
+            cards.append(load(getattr(cfg, key), base_dir=folder, source=key))
+        except ConfigError as exc:
+            # an unknown name is a setting of the run config (an inline card was checked with the config,
+            # and a card file's errors name that file)
+            if str(exc).startswith(f"{key}: "):
+                raise SettingError(str(exc)) from None
+            raise
+    hardware, model = cards
     updates = {
         k: v
         for k, v in (

@@ -394,3 +394,31 @@ def test_a_setting_of_a_config_built_in_python_is_named_by_its_key():
     with pytest.raises(SettingError) as info:
         simulate({**SMALL, "engine": {"block_size": 3}})
     assert str(info.value) == "engine.block_size: expected one of [1, 8, 16, 32, 64, 128] as in vLLM (got 3)"
+
+
+BLOCK_SIZE_ERROR = "engine.block_size: expected one of [1, 8, 16, 32, 64, 128] as in vLLM (got 3)"
+
+
+@pytest.mark.parametrize("command", [["capacity", "--slo", "ttft_p99=0.5"], ["tune-k"]])
+def test_capacity_and_tune_k_name_the_file_of_a_setting_refused_when_wired(tmp_path, capsys, command):
+    spec = {"method": "eagle", "num_speculative_tokens": 2}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "engine": {"block_size": 3}, "speculative_config": spec})
+    assert main([command[0], str(cfg), *command[1:], "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {BLOCK_SIZE_ERROR}\n"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"engine": {"block_size": 3}}, BLOCK_SIZE_ERROR),
+    ({"hardware": "H1000"}, "hardware: unknown hardware card 'H1000'"),
+])
+def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsys, change, message):
+    config = {"hardware": "h100-sxm", "model": "llama-3.1-8b", **change,
+              "workload": {"type": "closed_loop", "concurrency": 1, "num_requests": 3,
+                           "prompt_tokens": {"type": "fixed", "value": 10},
+                           "output_tokens": {"type": "fixed", "value": 10}}}
+    case = {"name": "a", "source": "s", "setup": "s", "role": "fit", "tolerance": 0.02, "tolerance_source": "s",
+            "measured": {"metric": "output_throughput", "unit": "tok/s", "value": 100}, "config": config}
+    path = write_yaml(tmp_path / "case.yaml", {"cases": [case]})
+    assert main(["validate", str(path), "--out", str(tmp_path / "o")]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # after the progress line
+    assert last.startswith(f"servesim: error: {path}: cases[0].config: {message}"), last

@@ -45,7 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from servesim.config.models import SimConfig
-from servesim.errors import ConfigError
+from servesim.errors import ConfigError, naming_settings_of
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -280,7 +280,8 @@ class CapacitySearch:
         reps, attain, good, rthr, othr, done, counts = [], [], [], [], [], [], []
         for i in range(self.replications):
             seed = np.random.SeedSequence(entropy=self.cfg.seed, spawn_key=(i,))
-            result = self.simulate(data, seed=seed, base_dir=self.folder)
+            with naming_settings_of(self.cfg.source):  # the point's config is a mapping built from the file's
+                result = self.simulate(data, seed=seed, base_dir=self.folder)
             summary = result.summary
             reps.append({s.name: s.value(summary) for s in self.slos})
             slo_dict = dict(self._per_request)

@@ -52,7 +52,7 @@ import pandas as pd
 
 from servesim.analysis.capacity import Slo
 from servesim.config.models import SimConfig
-from servesim.errors import ConfigError
+from servesim.errors import ConfigError, naming_settings_of
 
 #: Upper end of the table's last range when the config sets no ``engine.max_num_seqs`` (requests).
 DEFAULT_TABLE_END = 4096
@@ -478,7 +478,8 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
 
     tasks = [Task(b, f"k={k}", r, closed_loop_config(cfg, b, requests_per_client, fixed_k_spec(spec, k)), seeds[r], base)
              for b in sizes for k in range(int(k_max) + 1) for r in range(replications)]
-    grid = point_frame(_run_all(tasks, executor, progress), slos)
+    with naming_settings_of(cfg.source):  # the points' configs are mappings built from the file's
+        grid = point_frame(_run_all(tasks, executor, progress), slos)
     best_k = choose_best_k(grid, bool(slos))
     best_fixed = choose_best_fixed_k(grid)
     table = build_schedule(best_k, table_end, int(k_max), boundary)

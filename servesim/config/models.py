@@ -211,8 +211,9 @@ class SimConfig(_Strict):
 
     @property
     def source(self) -> str | None:
-        """The file this config was read from (:func:`load_config`), named in errors found when the run is
-        wired (:class:`~servesim.errors.SettingError`); None for a config built in Python."""
+        """The file this config was read from (:func:`load_config`, :func:`validate_config`), named in errors
+        found when the run is wired (:class:`~servesim.errors.SettingError`); None for a config built in
+        Python."""
         return self._source
 
     @field_validator("speculative_config")
@@ -256,7 +257,7 @@ def load_config(
     Raises:
         ConfigError: unreadable file, invalid YAML, or a field that fails validation (one line).
     """
-    from servesim.input_files import load_yaml, validate
+    from servesim.input_files import load_yaml
     from servesim.config.overrides import set_dotted
 
     p = Path(path)
@@ -268,6 +269,20 @@ def load_config(
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
         data = set_dotted(data or {}, key, value)
-    cfg = validate(SimConfig, data, str(p))
-    cfg._source = str(p)
-    return cfg, p.resolve().parent
+    return validate_config(data, str(p)), p.resolve().parent
+
+
+def validate_config(data: Any, source: str) -> SimConfig:
+    """Validate a run config's mapping, read from ``source`` (a file, or e.g. ``FILE: cases[0].config``).
+
+    The config remembers ``source`` (:attr:`SimConfig.source`), so that a setting found impossible when the
+    run is wired is named with it too.
+
+    Raises:
+        ConfigError: one line ``source: field.path: message``.
+    """
+    from servesim.input_files import validate
+
+    cfg = validate(SimConfig, data, source)
+    cfg._source = source
+    return cfg
