@@ -179,6 +179,17 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         extra_weight_bytes_per_gpu=drafter.weight_bytes_per_gpu if drafter else 0.0,
         extra_kv_bytes_per_token_per_gpu=drafter.kv_bytes_per_token_per_gpu if drafter else 0.0,
     )
+    longest = step_time.context_free_s(budget, min(seqs, budget))
+    if not longest <= MAX_SIMULATED_S:  # an inf or absurd step time (the int clock would overflow on it)
+        raise SettingError(
+            f"roofline: a step of max_num_batched_tokens={budget} tokens takes {longest:.3g} s with these step-time "
+            f"settings (step_overhead_s and efficiencies of the hardware card or roofline); servesim's clock holds "
+            f"at most {MAX_SIMULATED_S:.3g} s"
+        )
+    max_time = cfg.simulation.max_time_s
+    if max_time is not None and not max_time <= MAX_SIMULATED_S:
+        raise SettingError(f"simulation.max_time_s: expected at most {MAX_SIMULATED_S:.3g} s (~53 days), the "
+                           f"engine's clock (got {max_time:.3g})")
     rng = np.random.default_rng(child_seed(root, STREAM_WORKLOAD))
     workload = build_workload(cfg.workload, rng, folder)
     max_len = e.max_model_len or getattr(model, "max_model_len", None)

@@ -422,3 +422,17 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
     assert main(["validate", str(path), "--out", str(tmp_path / "o")]) == 2
     last = capsys.readouterr().err.splitlines()[-1]  # after the progress line
     assert last.startswith(f"servesim: error: {path}: cases[0].config: {message}"), last
+
+
+@pytest.mark.parametrize("override, message", [
+    # OverflowError tracebacks (cannot convert float infinity to integer)
+    ("roofline.step_overhead_s=1.0e+300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1e+300 s"),
+    ("roofline.compute_efficiency=1.0e-300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1.17e+299 s"),
+    ("simulation.max_time_s=1.0e+300", "simulation.max_time_s: expected at most 4.61e+06 s (~53 days), the engine's "
+                                       "clock (got 1e+300)"),
+])
+def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, message):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
