@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +18,20 @@ from servesim.errors import SettingError
 from servesim.roofline import PS_PER_S, build_step_time_model
 
 
+@contextmanager
+def _setting(key: str) -> Iterator[None]:
+    """Turn a ConfigError about the run config's ``key`` (its message starts with ``key``) into a SettingError,
+    so that the config's file is named in front of it (errors that name a file of their own are kept)."""
+    from servesim.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        if isinstance(exc, SettingError) or not str(exc).startswith((f"{key}: ", f"{key}.")):
+            raise
+        raise SettingError(str(exc)) from None
+
+
 def resolve_cards(cfg: SimConfig, folder: Path):
     """Load the hardware and model cards named by ``cfg``, applying the roofline overrides.
 
@@ -23,19 +39,13 @@ def resolve_cards(cfg: SimConfig, folder: Path):
         SettingError: an unknown card name. ConfigError: a card file that is missing or invalid.
     """
     from servesim.cards import load_hardware, load_model
-    from servesim.errors import ConfigError
 
-    cards = []
-    for key, load in (("hardware", load_hardware), ("model", load_model)):
-        try:
-            cards.append(load(getattr(cfg, key), base_dir=folder, source=key))
-        except ConfigError as exc:
-            # an unknown name is a setting of the run config (an inline card was checked with the config,
-            # and a card file's errors name that file)
-            if str(exc).startswith(f"{key}: "):
-                raise SettingError(str(exc)) from None
-            raise
-    hardware, model = cards
+    # an unknown name is a setting of the run config (an inline card was checked with the config, and a card
+    # file's errors name that file)
+    with _setting("hardware"):
+        hardware = load_hardware(cfg.hardware, base_dir=folder, source="hardware")
+    with _setting("model"):
+        model = load_model(cfg.model, base_dir=folder, source="model")
     updates = {
         k: v
         for k, v in (
@@ -247,11 +257,12 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
     from servesim.speculation.profile import load_profile
     from servesim.speculation.schedule import KSchedule
 
-    profile = spec.synthetic_profile() or load_profile(
-        spec.acceptance if spec.acceptance is not None else DEFAULT_PROFILES[spec.method],
-        base_dir=folder,
-        source="speculative_config.acceptance",
-    )
+    with _setting("speculative_config.acceptance"):
+        profile = spec.synthetic_profile() or load_profile(
+            spec.acceptance if spec.acceptance is not None else DEFAULT_PROFILES[spec.method],
+            base_dir=folder,
+            source="speculative_config.acceptance",
+        )
     from servesim.speculation.config import effective_profile
 
     profile = effective_profile(spec, profile)  # sampling temperature and verification rule

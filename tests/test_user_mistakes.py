@@ -436,3 +436,16 @@ def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, m
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("acceptance, message", [
+    ({"alpha": 1.5}, "speculative_config.acceptance.alpha: conditional_acceptance.0: Input should be less than or "
+                     "equal to 1 (got 1.5)"),
+    ("nosuch", "speculative_config.acceptance: unknown acceptance profile 'nosuch' (expected one of: "),
+])
+def test_acceptance_errors_name_the_config_file(tmp_path, capsys, acceptance, message):
+    spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": acceptance}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
