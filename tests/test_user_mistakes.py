@@ -209,6 +209,13 @@ def test_a_workload_that_is_not_one_gets_a_plain_message(tmp_path, capsys, overr
     assert err == f"servesim: error: {cfg}: {message}\n", err
 
 
+def _refused_run(tmp_path, capsys, *args: str, config: dict = SMALL) -> tuple:
+    """``servesim run`` on ``config`` with ``args``, which must fail with status 2: (config path, stderr)."""
+    cfg = write_yaml(tmp_path / "c.yaml", config)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", *args]) == 2
+    return cfg, capsys.readouterr().err
+
+
 BAD_SPEC = {"method": "eagle", "num_speculative_tokens": 0}
 BAD_SPEC_ERROR = "speculative_config.num_speculative_tokens: Input should be greater than or equal to 1 (got 0)\n"
 
@@ -301,9 +308,8 @@ MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {typ
      "(got 99999999999999999999999)"),
 ])
 def test_extreme_workload_numbers_get_one_line(tmp_path, capsys, override, message):
-    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
-    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
-    assert capsys.readouterr().err == "servesim: error: " + message.format(cfg=cfg) + "\n"
+    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    assert err == "servesim: error: " + message.format(cfg=cfg) + "\n"
 
 
 def test_infinite_lognormal_draws_are_cut_at_the_token_limit():
@@ -382,9 +388,8 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
      "peak_flops_per_s: {bf16: 1.0e+15}}", "hardware.memory_bytes: Input should be a finite number (got inf)"),
 ])
 def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
-    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
-    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
-    assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
+    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    assert err == f"servesim: error: {cfg}: {message}\n"
 
 
 def test_a_setting_of_a_config_built_in_python_is_named_by_its_key():
@@ -432,9 +437,7 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
                                        "clock (got 1e+300)"),
 ])
 def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, message):
-    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
-    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
-    err = capsys.readouterr().err
+    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
 
 
@@ -445,7 +448,5 @@ def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, m
 ])
 def test_acceptance_errors_name_the_config_file(tmp_path, capsys, acceptance, message):
     spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": acceptance}
-    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
-    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
-    err = capsys.readouterr().err
+    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
