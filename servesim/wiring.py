@@ -175,7 +175,8 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
                 f"the speculative decoding settings (max_num_batched_tokens={budget}, "
                 f"max_num_new_slots_for_drafting={spec.max_num_new_slots_for_drafting})"
             )
-        drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
+        with _setting("speculative_config"):  # a draft model or head card named or given inline
+            drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
     blocks = kv_cache_blocks(
         hardware,
         model,

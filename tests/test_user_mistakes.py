@@ -450,3 +450,16 @@ def test_acceptance_errors_name_the_config_file(tmp_path, capsys, acceptance, me
     spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": acceptance}
     cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"method": "draft_model", "model": "nosuch"}, "speculative_config.model: unknown model card 'nosuch'"),
+    ({"method": "draft_model", "model": {"name": "x"}}, "speculative_config.model: max_model_len: required key is "
+                                                        "missing"),
+    ({"method": "eagle", "draft_head": {"foo": 1}}, "speculative_config.draft_head: name: required key is missing"),
+])
+def test_draft_card_errors_name_the_config_file_and_key(tmp_path, capsys, spec, message):
+    # were "unknown model card 'nosuch'" and "inline model card: ...", naming neither
+    spec = {**spec, "num_speculative_tokens": 2, "acceptance": {"alpha": 0.5}}
+    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
