@@ -463,3 +463,41 @@ def test_draft_card_errors_name_the_config_file_and_key(tmp_path, capsys, spec, 
     spec = {**spec, "num_speculative_tokens": 2, "acceptance": {"alpha": 0.5}}
     cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("result, message", [
+    # tracebacks (ValueError, TypeError, OverflowError) or silently truncated / raised to 1
+    ({"input_lens": ["a", 5]}, "input_lens[0]: expected a token count, an integer in 0..2147483647 (got 'a')"),
+    ({"input_lens": [None, 5]}, "input_lens[0]: expected a token count, an integer in 0..2147483647 (got None)"),
+    ({"input_lens": [5.7, 5]}, "input_lens[0]: expected a token count, an integer in 0..2147483647 (got 5.7)"),
+    ({"output_lens": [5, -3]}, "output_lens[1]: expected a token count, an integer in 0..2147483647 (got -3)"),
+    ({"max_concurrency": 1.5}, "max_concurrency: expected a whole number (got 1.5)"),
+    ({"completed": 2.5}, "completed: expected a whole number (got 2.5)"),
+    ({"input_lens": None, "total_input_tokens": float("inf"), "total_output_tokens": 10},
+     "total_input_tokens: expected a number >= 0 (got inf)"),
+    ({"input_lens": None, "total_input_tokens": 1e15, "total_output_tokens": 10},
+     "total_input_tokens: 1e+15 tokens over 2 requests is 500000000000000 per request (expected at most 2147483647)"),
+])
+def test_vllm_bench_results_with_bad_numbers_get_one_line(tmp_path, capsys, result, message):
+    import json
+
+    data = {"completed": 2, "input_lens": [5, 5], "output_lens": [5, 5], "max_concurrency": 1, "mean_ttft_ms": 10,
+            **result}
+    bench = tmp_path / "r.json"
+    bench.write_text(json.dumps(data))
+    server = write_yaml(tmp_path / "server.yaml", SMALL)
+    assert main(["validate", "--vllm-bench", str(bench), "--server", str(server), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"servesim: error: {bench}: {message}"
+
+
+def test_vllm_bench_nan_metric_is_skipped_not_compared(tmp_path, capsys):
+    import json
+
+    # vLLM writes NaN for a mean over no values; that metric has nothing to compare (the others still are)
+    bench = tmp_path / "r.json"
+    bench.write_text(json.dumps({"completed": 2, "input_lens": [5, 5], "output_lens": [5, 5], "max_concurrency": 1,
+                                 "mean_ttft_ms": 10, "mean_tpot_ms": float("nan")}))
+    server = write_yaml(tmp_path / "server.yaml", SMALL)
+    assert main(["validate", "--vllm-bench", str(bench), "--server", str(server), "--out", str(tmp_path / "o")]) == 0
+    table = (tmp_path / "o" / "validation.csv").read_text()
+    assert "ttft" in table and "tpot" not in table.lower()

@@ -410,6 +410,8 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
         summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
     out = []
     for key, sim_key, unit, factor in METRICS:
+        if isinstance(result.get(key), float) and math.isnan(result[key]):
+            continue  # vLLM writes NaN for a mean over no values (TPOT when every output is one token)
         value = result_number(result, key, str(result_path))
         if not value:
             continue
