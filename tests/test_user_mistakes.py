@@ -501,3 +501,23 @@ def test_vllm_bench_nan_metric_is_skipped_not_compared(tmp_path, capsys):
     assert main(["validate", "--vllm-bench", str(bench), "--server", str(server), "--out", str(tmp_path / "o")]) == 0
     table = (tmp_path / "o" / "validation.csv").read_text()
     assert "ttft" in table and "tpot" not in table.lower()
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune-k"])
+def test_more_jobs_than_the_cpus_can_run_are_refused_before_forking(tmp_path, capsys, monkeypatch, command):
+    import os
+
+    import servesim.sweep.executors as executors
+
+    def no_pool(*args, **kwargs):  # a pool of 100,000 workers forks them all at once
+        raise AssertionError("a process pool was started")
+
+    monkeypatch.setattr(executors, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    base = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": {"method": "eagle",
+                                                                            "num_speculative_tokens": 2}})
+    target = base if command == "tune-k" else write_yaml(tmp_path / "s.yaml", {"base": "c.yaml"})
+    assert main([command, str(target), "--out", str(tmp_path / "o"), "--jobs", "100000"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "servesim: error: --jobs: 100000 worker processes on 2 CPU(s); expected at most 8 (4 per CPU: more only "
+        "slow the runs down and exhaust memory)")
