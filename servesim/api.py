@@ -74,11 +74,19 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
         A :class:`Result` with ``summary`` (dict), ``requests`` and ``steps`` (pandas DataFrames).
 
     Raises:
-        ServesimError: an invalid config, an unreadable trace, or a setup that cannot run (one line).
+        ServesimError: an invalid config, an unreadable trace, or a setup that cannot run (one line; a
+            setting that cannot run names the config's file when it was read from one).
     """
-    from servesim.wiring import build_engine
+    from servesim.errors import naming_settings_of
 
     cfg, folder = _as_config(config, base_dir)
+    with naming_settings_of(cfg.source):
+        return _simulate(cfg, folder, seed)
+
+
+def _simulate(cfg: SimConfig, folder: Path, seed: int | np.random.SeedSequence | None) -> Result:
+    from servesim.wiring import build_engine
+
     if seed is None:
         root = np.random.SeedSequence(cfg.seed)
     elif isinstance(seed, np.random.SeedSequence):

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class ServesimError(Exception):
     """A user-facing error: bad config, bad trace row, impossible setting.
@@ -17,3 +20,27 @@ class ConfigError(ServesimError):
 
 class TraceError(ServesimError):
     """A request trace cannot be read or has a malformed row (raised by :mod:`servesim.workload`)."""
+
+
+class SettingError(ConfigError):
+    """A run-config setting that passes validation but cannot run with the rest, found while the run is
+    wired (a block size vLLM refuses, attention heads not divisible by the tensor parallel size, a request
+    longer than ``max_model_len``).
+
+    The message starts with the setting's dotted key (``engine.block_size: ...``);
+    :func:`servesim.simulate` puts the config file's name in front when the config was read from one.
+    """
+
+
+@contextmanager
+def naming_settings_of(source: str | None) -> Iterator[None]:
+    """Put ``source`` (the run config's file) in front of a :class:`SettingError` raised inside.
+
+    Nothing changes when ``source`` is None (a config built in Python) or for any other error.
+    """
+    try:
+        yield
+    except SettingError as exc:
+        if source is None:
+            raise
+        raise SettingError(f"{source}: {exc}") from None

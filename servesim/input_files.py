@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from servesim.errors import ConfigError
+from servesim.input_models import BOOL_FOR_NUMBER_ERRORS
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -184,7 +185,10 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     The field is written as a dotted key that ``--set`` accepts (see :func:`user_path`; pass the
     validated ``data`` for that), after ``key_prefix`` when the data sits at that key of a run config.
     """
-    err = exc.errors()[0]
+    errors = exc.errors()
+    # a boolean where a number was expected is the precise diagnosis, also when pydantic lists first what
+    # another member of a union (``str | int``, a list or a mapping) expected
+    err = next((e for e in errors if e.get("type") in BOOL_FOR_NUMBER_ERRORS), errors[0])
     kind = err.get("type", "")
     loc = user_path(tuple(err.get("loc", ())), data, key_error=kind in ("missing", "extra_forbidden"))
     if key_prefix:
@@ -210,9 +214,9 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         msg = "expected a mapping (key: value pairs)"
         shown = f" (got {'a list' if isinstance(got, list) else repr(got)})"
-    elif not isinstance(got, (dict, list)):
+    elif not isinstance(got, (dict, list)) and kind not in BOOL_FOR_NUMBER_ERRORS:
         shown = f" (got {got!r})"
-    more = len(exc.errors()) - 1
+    more = len(errors) - 1
     tail = f" [and {more} more error{'s' if more > 1 else ''}]" if more > 0 else ""
     field = f" {loc}:" if loc else ""
     return f"{source}:{field} {msg}{shown}{tail}"

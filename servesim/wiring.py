@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from array import array
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,16 +15,38 @@ from servesim.config.models import SimConfig
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.engine.kv_cache import kv_cache_blocks
-from servesim.errors import ConfigError
+from servesim.errors import SettingError
 from servesim.roofline import PS_PER_S, build_step_time_model
 
 
+@contextmanager
+def _setting(key: str) -> Iterator[None]:
+    """Turn a ConfigError about the run config's ``key`` (its message starts with ``key``) into a SettingError,
+    so that the config's file is named in front of it (errors that name a file of their own are kept)."""
+    from servesim.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        if isinstance(exc, SettingError) or not str(exc).startswith((f"{key}: ", f"{key}.")):
+            raise
+        raise SettingError(str(exc)) from None
+
+
 def resolve_cards(cfg: SimConfig, folder: Path):
-    """Load the hardware and model cards named by ``cfg``, applying the roofline overrides."""
+    """Load the hardware and model cards named by ``cfg``, applying the roofline overrides.
+
+    Raises:
+        SettingError: an unknown card name. ConfigError: a card file that is missing or invalid.
+    """
     from servesim.cards import load_hardware, load_model
 
-    hardware = load_hardware(cfg.hardware, base_dir=folder)
-    model = load_model(cfg.model, base_dir=folder)
+    # an unknown name is a setting of the run config (an inline card was checked with the config, and a card
+    # file's errors name that file)
+    with _setting("hardware"):
+        hardware = load_hardware(cfg.hardware, base_dir=folder, source="hardware")
+    with _setting("model"):
+        model = load_model(cfg.model, base_dir=folder, source="model")
     updates = {
         k: v
         for k, v in (
@@ -52,21 +76,21 @@ def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_
     """Reject settings vLLM itself would reject, with vLLM-like messages.
 
     Raises:
-        ConfigError: block size not among vLLM's choices, attention heads not divisible by the tensor
+        SettingError: block size not among vLLM's choices, attention heads not divisible by the tensor
             parallel size, or ``max_num_batched_tokens < max_num_seqs``.
     """
     e = cfg.engine
     if e.block_size not in VLLM_BLOCK_SIZES:
-        raise ConfigError(f"engine.block_size: expected one of {list(VLLM_BLOCK_SIZES)} as in vLLM (got {e.block_size})")
+        raise SettingError(f"engine.block_size: expected one of {list(VLLM_BLOCK_SIZES)} as in vLLM (got {e.block_size})")
     heads = getattr(model, "num_attention_heads", None)
     tp = cfg.tensor_parallel_size
     if heads and heads % tp:
-        raise ConfigError(
+        raise SettingError(
             f"tensor_parallel_size: total number of attention heads ({heads}) must be divisible by tensor "
             f"parallel size ({tp})"
         )
     if max_num_batched_tokens < max_num_seqs:
-        raise ConfigError(
+        raise SettingError(
             f"engine: max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal to "
             f"max_num_seqs ({max_num_seqs})"
         )
@@ -82,14 +106,14 @@ def resolve_async_scheduling(cfg: SimConfig, spec) -> bool:
     method does not support it (then vLLM silently runs synchronously) or llama.cpp's draft budget rule is on.
 
     Raises:
-        ConfigError: async scheduling asked for with a speculative method vLLM does not support it with.
+        SettingError: async scheduling asked for with a speculative method vLLM does not support it with.
     """
     wanted = cfg.engine.async_scheduling
     supported = spec is None or (spec.method in ASYNC_SPECULATIVE_METHODS and not spec.draft_budget_limit)
     if wanted is None:
         return supported
     if wanted and not supported:
-        raise ConfigError(
+        raise SettingError(
             "engine.async_scheduling: currently, async scheduling is only supported with EAGLE/MTP/Draft Model "
             f"kind of speculative decoding (got method '{spec.method}')"
         )
@@ -136,21 +160,24 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         from servesim.speculation.config import SpeculativeConfig
         from servesim.speculation.costs import build_drafter
 
-        spec = validate(SpeculativeConfig, cfg.speculative_config, "config", key_prefix="speculative_config")
+        # checked when the SimConfig was validated (its errors name the config file); a mapping changed since
+        # is named as what it is
+        spec = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")
         spec.check_target(model)
         draft_tp = spec.draft_tensor_parallel_size
         if draft_tp is not None and draft_tp not in (1, tp):  # vllm/config/speculative.py, _verify_and_get_draft_tp
-            raise ConfigError(
+            raise SettingError(
                 f"speculative_config.draft_tensor_parallel_size: {draft_tp} cannot be other value than 1 or "
                 f"target model tensor_parallel_size ({tp})"
             )
         if budget <= spec.max_num_new_slots_for_drafting:
-            raise ConfigError(
+            raise SettingError(
                 f"engine.max_num_batched_tokens: VllmConfig does not have enough slots to schedule a token and support "
                 f"the speculative decoding settings (max_num_batched_tokens={budget}, "
                 f"max_num_new_slots_for_drafting={spec.max_num_new_slots_for_drafting})"
             )
-        drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
+        with _setting("speculative_config"):  # a draft model or head card named or given inline
+            drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
     blocks = kv_cache_blocks(
         hardware,
         model,
@@ -164,6 +191,17 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         extra_weight_bytes_per_gpu=drafter.weight_bytes_per_gpu if drafter else 0.0,
         extra_kv_bytes_per_token_per_gpu=drafter.kv_bytes_per_token_per_gpu if drafter else 0.0,
     )
+    longest = step_time.context_free_s(budget, min(seqs, budget))
+    if not longest <= MAX_SIMULATED_S:  # an inf or absurd step time (the int clock would overflow on it)
+        raise SettingError(
+            f"roofline: a step of max_num_batched_tokens={budget} tokens takes {longest:.3g} s with these step-time "
+            f"settings (step_overhead_s and efficiencies of the hardware card or roofline); servesim's clock holds "
+            f"at most {MAX_SIMULATED_S:.3g} s"
+        )
+    max_time = cfg.simulation.max_time_s
+    if max_time is not None and not max_time <= MAX_SIMULATED_S:
+        raise SettingError(f"simulation.max_time_s: expected at most {MAX_SIMULATED_S:.3g} s (~53 days), the "
+                           f"engine's clock (got {max_time:.3g})")
     rng = np.random.default_rng(child_seed(root, STREAM_WORKLOAD))
     workload = build_workload(cfg.workload, rng, folder)
     max_len = e.max_model_len or getattr(model, "max_model_len", None)
@@ -172,7 +210,7 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         worst = int(lengths.max())
         if worst > max_len:
             count = int((lengths > max_len).sum())
-            raise ConfigError(
+            raise SettingError(
                 f"workload: {count} request(s) need more than max_model_len={max_len} tokens (longest {worst}); "
                 "vLLM would reject them: cap the lengths or raise engine.max_model_len"
             )
@@ -221,11 +259,12 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
     from servesim.speculation.profile import load_profile
     from servesim.speculation.schedule import KSchedule
 
-    profile = spec.synthetic_profile() or load_profile(
-        spec.acceptance if spec.acceptance is not None else DEFAULT_PROFILES[spec.method],
-        base_dir=folder,
-        source="speculative_config.acceptance",
-    )
+    with _setting("speculative_config.acceptance"):
+        profile = spec.synthetic_profile() or load_profile(
+            spec.acceptance if spec.acceptance is not None else DEFAULT_PROFILES[spec.method],
+            base_dir=folder,
+            source="speculative_config.acceptance",
+        )
     from servesim.speculation.config import effective_profile
 
     profile = effective_profile(spec, profile)  # sampling temperature and verification rule
@@ -293,18 +332,23 @@ def arrival_source(workload) -> ArrivalSource:
     """The engine's arrival source for a workload: open-loop times, or closed-loop clients.
 
     Raises:
-        ConfigError: the arrivals span more simulated time than the engine's clock holds.
+        SettingError: the arrivals span more simulated time than the engine's clock holds.
     """
     if workload.concurrency is None:
         last = float(np.max(workload.arrival_s)) if len(workload.arrival_s) else 0.0
         if not last <= MAX_SIMULATED_S / 2:
-            raise ConfigError(
+            raise SettingError(
                 f"workload: the last request arrives at {last:.3g} s; servesim simulates at most "
                 f"{MAX_SIMULATED_S / 2:.3g} s (~26 days) of arrivals: raise the rate or rate_scale"
             )
         # int64 array: 8 bytes per request rather than an int object each (read a few times per request)
         times = array("q", np.rint(np.asarray(workload.arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tobytes())
         return ArrivalSource(times=times, num_requests=len(times))
+    if not workload.think_time_s <= MAX_SIMULATED_S / 2:
+        raise SettingError(
+            f"workload.think_time_s: expected at most {MAX_SIMULATED_S / 2:.3g} s (~26 days), the longest span of "
+            f"arrivals servesim simulates (got {workload.think_time_s:.3g})"
+        )
     return ArrivalSource(
         times=None,
         num_requests=len(workload.prompt_tokens),
@@ -317,7 +361,7 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
     """One replica's engine over ``source`` (requests ``0..N-1`` of the given token arrays).
 
     Raises:
-        ConfigError: a request can never be served with these settings.
+        SettingError: a request can never be served with these settings.
     """
     e = p.cfg.engine
     try:
@@ -339,7 +383,7 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
             max_time_s=p.cfg.simulation.max_time_s,
         )
     except ValueError as exc:
-        raise ConfigError(f"engine: {exc}") from None
+        raise SettingError(f"engine: {exc}") from None
 
 
 def build_engine(cfg: SimConfig, folder: Path, root: np.random.SeedSequence):

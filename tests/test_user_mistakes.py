@@ -116,8 +116,9 @@ def test_draft_tensor_parallel_size_must_be_one_or_the_targets(tmp_path, capsys,
     if ok:
         assert status == 0, err
     else:
-        assert status == 2 and err == (f"servesim: error: speculative_config.draft_tensor_parallel_size: {draft_tp} "
-                                       f"cannot be other value than 1 or target model tensor_parallel_size ({tp})\n")
+        assert status == 2 and err == (f"servesim: error: {cfg}: speculative_config.draft_tensor_parallel_size: "
+                                       f"{draft_tp} cannot be other value than 1 or target model tensor_parallel_size "
+                                       f"({tp})\n")
         assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
 
 
@@ -206,3 +207,317 @@ def test_a_workload_that_is_not_one_gets_a_plain_message(tmp_path, capsys, overr
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
     err = capsys.readouterr().err
     assert err == f"servesim: error: {cfg}: {message}\n", err
+
+
+def _refused_run(tmp_path, capsys, *args: str, config: dict = SMALL) -> tuple:
+    """``servesim run`` on ``config`` with ``args``, which must fail with status 2: (config path, stderr)."""
+    cfg = write_yaml(tmp_path / "c.yaml", config)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", *args]) == 2
+    return cfg, capsys.readouterr().err
+
+
+BAD_SPEC = {"method": "eagle", "num_speculative_tokens": 0}
+BAD_SPEC_ERROR = "speculative_config.num_speculative_tokens: Input should be greater than or equal to 1 (got 0)\n"
+
+
+@pytest.mark.parametrize("command", [["run", "--no-plot"], ["tune-k"], ["capacity", "--slo", "ttft_p99=0.5"]])
+def test_speculative_config_errors_name_the_config_file(tmp_path, capsys, command):
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": BAD_SPEC})
+    assert main([command[0], str(cfg), *command[1:], "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {BAD_SPEC_ERROR}"
+
+
+def test_speculative_config_option_errors_name_the_option(tmp_path, capsys):
+    import json
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--speculative-config", json.dumps(BAD_SPEC)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: --speculative-config: {BAD_SPEC_ERROR}"
+    # refined by --set, the speculative_config is the config's: named by its file
+    assert main([*argv, "--set", "speculative_config.method=eagle"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {BAD_SPEC_ERROR}"
+
+
+def test_sweep_checks_the_points_speculative_configs_up_front(tmp_path, capsys):
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    variants = {"plain": {}, "eagle": {"speculative_config": BAD_SPEC}}
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "variants": variants})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {sweep} (point ") and err.endswith(f": {BAD_SPEC_ERROR}"), err
+    assert not (tmp_path / "o" / "summary.csv").exists()
+
+
+AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,"
+
+
+@pytest.mark.parametrize("name, body, where, count", [
+    ("t.csv", AZURE_HEADER + "99999999999999999999999,5\n", "line 2: ContextTokens", 10**23 - 1),  # a traceback
+    # prompt + output tokens would overflow int64 (and slip past the max_model_len check)
+    ("t.csv", AZURE_HEADER + "5,4611686018427387904\n", "line 2: GeneratedTokens", 2**62),
+    ("t.jsonl", '{"timestamp": 0, "input_length": 99999999999999999999999, "output_length": 5}\n',
+     "line 1: input_length", 10**23 - 1),
+    ("t.jsonl", '{"timestamp": 0, "input_length": 5, "output_length": 2147483648}\n', "line 1: output_length", 2**31),
+])
+def test_trace_token_counts_beyond_int32_are_refused(tmp_path, name, body, where, count):
+    from servesim.errors import TraceError
+    from servesim.workload.trace import load_trace
+
+    path = tmp_path / name
+    path.write_text(body)
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert str(info.value) == f"{path}: {where}: expected at most 2147483647 tokens (got {count})"
+
+
+FIXED5 = "prompt_tokens: {type: fixed, value: 5}, output_tokens: {type: fixed, value: 5}"
+MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {type: fixed, value: 2}, think_time_s: 1, "
+              "message_tokens: {type: fixed, value: 5}, output_tokens: {type: fixed, value: 5}")
+
+
+@pytest.mark.parametrize("override, message", [
+    # each of these was a traceback (ZeroDivisionError, ValueError: Maximum allowed dimension exceeded,
+    # OverflowError, MemoryError), a float cast to garbage, or a run that could not end
+    (f"workload={{type: gamma, rate: 5, cv: 1.0e-300, num_requests: 10, {FIXED5}}}",
+     "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
+    (f"workload={{type: gamma, rate: 5, cv: 1.0e+100, duration_s: 10, {FIXED5}}}",
+     "{cfg}: workload.cv: Input should be less than or equal to 1000 (got 1e+100)"),
+    (MULTI_TURN + ", cv: 1.0e-300}",
+     "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
+    (MULTI_TURN + ", think_time_cv: 1.0e-300}",
+     "{cfg}: workload: think_time_cv: expected 0 (fixed) or at least 1e-06 (got 1e-300)"),
+    (f"workload={{type: poisson, rate: 1.0e+300, duration_s: 10, {FIXED5}}}",
+     "{cfg}: workload: rate x duration_s = 1e+301 requests expected; servesim simulates at most 2147483647 "
+     "(lower the rate or duration_s)"),
+    ("workload.num_requests=1000000000000",
+     "{cfg}: workload.num_requests: Input should be less than or equal to 2147483647 (got 1000000000000)"),
+    (f"workload={{type: closed_loop, concurrency: 2000000000, requests_per_client: 5, {FIXED5}}}",
+     "{cfg}: workload: concurrency x requests_per_client = 10000000000 requests; servesim simulates at most "
+     "2147483647"),
+    (f"workload={{type: closed_loop, concurrency: 2, think_time_s: 1.0e+300, num_requests: 5, {FIXED5}}}",
+     "{cfg}: workload.think_time_s: expected at most 2.31e+06 s (~26 days), the longest span of arrivals servesim "
+     "simulates (got 1e+300)"),
+    ("workload.prompt_tokens={type: fixed, value: 99999999999999999999999}",
+     "{cfg}: workload.prompt_tokens.value: Input should be less than or equal to 2147483647 "
+     "(got 99999999999999999999999)"),
+    ("workload.prompt_tokens={type: lognormal, mean: 1.0e+300, cv: 1}",
+     "{cfg}: workload.prompt_tokens.mean: Input should be less than or equal to 2147483647 (got 1e+300)"),
+    ("workload.system_prompts={prompt_lengths: [99999999999999999999999]}",
+     "{cfg}: workload.system_prompts.prompt_lengths.0: Input should be less than or equal to 2147483647 "
+     "(got 99999999999999999999999)"),
+])
+def test_extreme_workload_numbers_get_one_line(tmp_path, capsys, override, message):
+    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    assert err == "servesim: error: " + message.format(cfg=cfg) + "\n"
+
+
+def test_infinite_lognormal_draws_are_cut_at_the_token_limit():
+    import numpy as np
+
+    from servesim.workload.lengths import LognormalLength
+
+    # sigma 1000: draws overflow to inf, which the int64 cast turned into -2^63 (a ValueError traceback)
+    draws = LognormalLength(mu=4.6, sigma=1000.0).sample(np.random.default_rng(0), 64)
+    assert draws.min() == 1 and draws.max() == 2**31 - 1
+    assert set(draws.tolist()) == {1, 2**31 - 1}
+
+
+def test_huge_lognormal_cv_runs(tmp_path):
+    from servesim.workload.lengths import LognormalLengthConfig
+
+    # cv^2 overflowed a float (OverflowError); log1p(cv^2) is 2 ln(cv) to double precision there
+    mu, sigma = LognormalLengthConfig(type="lognormal", mean=100, cv=1e300).mu_sigma()
+    assert sigma == pytest.approx((2 * 300 * 2.302585092994046) ** 0.5, rel=1e-12)
+    assert mu == pytest.approx(4.605170185988092 - 300 * 2.302585092994046, rel=1e-12)
+
+
+def test_not_enough_memory_is_one_line(tmp_path, capsys, monkeypatch):
+    import servesim.cli.run
+
+    def too_big(args):
+        raise MemoryError("Unable to allocate 7.28 TiB for an array with shape (1000000000000,) and data type int64")
+
+    monkeypatch.setattr(servesim.cli.run, "run", too_big)
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("servesim: error: not enough memory (Unable to allocate 7.28 TiB for an array "
+                                       "with shape (1000000000000,) and data type int64): give a smaller workload, "
+                                       "grid or trace\n")
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--max-rate", "inf"], "--max-rate: expected a positive rate in requests/s (got inf)"),  # was an OverflowError
+    (["--replicas", "inf"], "--replicas: expected a positive target rate in requests/s (got inf)"),  # named 'config'
+])
+def test_capacity_refuses_infinite_rates(tmp_path, capsys, option, message):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--out", str(tmp_path / "o"), "--quiet", *option]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: {message}\n"
+
+
+@pytest.mark.parametrize("option, message", [
+    # was "config: speculative_config: num_speculative_tokens=129 exceeds 128 ..." after 129 runs
+    (["--k-max", "1000"], "--k-max: expected at most 128 tokens, the most drafts vLLM's rejection sampler verifies "
+                          "per request and step (got 1000)"),
+    # were named 'config: workload: ...' (or ran out of memory)
+    (["--batch-sizes", "99999999999"],
+     "--batch-sizes x --requests-per-client: 99999999999 x 8 requests is more than the 2147483647 servesim simulates"),
+    (["--batch-sizes", "4", "--requests-per-client", "100000000000"],
+     "--batch-sizes x --requests-per-client: 4 x 100000000000 requests is more than the 2147483647 servesim "
+     "simulates"),
+])
+def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, option, message):
+    spec = {"method": "eagle", "num_speculative_tokens": 2}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
+    assert main(["tune-k", str(cfg), "--out", str(tmp_path / "o"), "--quiet", *option]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {message}\n"
+
+
+@pytest.mark.parametrize("override, message", [
+    # settings refused while the run is wired named the key but not the file
+    ("engine.block_size=3", "engine.block_size: expected one of [1, 8, 16, 32, 64, 128] as in vLLM (got 3)"),
+    ("tensor_parallel_size=3",
+     "tensor_parallel_size: total number of attention heads (32) must be divisible by tensor parallel size (3)"),
+    ("engine.max_num_batched_tokens=8",
+     "engine: max_num_batched_tokens (8) must be greater than or equal to max_num_seqs (1024)"),
+    # an inline card's errors were named 'inline model card'
+    ("model={name: x}", "model.max_model_len: required key is missing"),
+    ("hardware={name: x, vendor: y, memory_bytes: .inf, memory_bandwidth_bytes_per_s: 3.0e+12, "
+     "peak_flops_per_s: {bf16: 1.0e+15}}", "hardware.memory_bytes: Input should be a finite number (got inf)"),
+])
+def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
+    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    assert err == f"servesim: error: {cfg}: {message}\n"
+
+
+def test_a_setting_of_a_config_built_in_python_is_named_by_its_key():
+    from servesim import simulate
+    from servesim.errors import SettingError
+
+    with pytest.raises(SettingError) as info:
+        simulate({**SMALL, "engine": {"block_size": 3}})
+    assert str(info.value) == "engine.block_size: expected one of [1, 8, 16, 32, 64, 128] as in vLLM (got 3)"
+
+
+BLOCK_SIZE_ERROR = "engine.block_size: expected one of [1, 8, 16, 32, 64, 128] as in vLLM (got 3)"
+
+
+@pytest.mark.parametrize("command", [["capacity", "--slo", "ttft_p99=0.5"], ["tune-k"]])
+def test_capacity_and_tune_k_name_the_file_of_a_setting_refused_when_wired(tmp_path, capsys, command):
+    spec = {"method": "eagle", "num_speculative_tokens": 2}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "engine": {"block_size": 3}, "speculative_config": spec})
+    assert main([command[0], str(cfg), *command[1:], "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {BLOCK_SIZE_ERROR}\n"
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"engine": {"block_size": 3}}, BLOCK_SIZE_ERROR),
+    ({"hardware": "H1000"}, "hardware: unknown hardware card 'H1000'"),
+])
+def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsys, change, message):
+    config = {"hardware": "h100-sxm", "model": "llama-3.1-8b", **change,
+              "workload": {"type": "closed_loop", "concurrency": 1, "num_requests": 3,
+                           "prompt_tokens": {"type": "fixed", "value": 10},
+                           "output_tokens": {"type": "fixed", "value": 10}}}
+    case = {"name": "a", "source": "s", "setup": "s", "role": "fit", "tolerance": 0.02, "tolerance_source": "s",
+            "measured": {"metric": "output_throughput", "unit": "tok/s", "value": 100}, "config": config}
+    path = write_yaml(tmp_path / "case.yaml", {"cases": [case]})
+    assert main(["validate", str(path), "--out", str(tmp_path / "o")]) == 2
+    last = capsys.readouterr().err.splitlines()[-1]  # after the progress line
+    assert last.startswith(f"servesim: error: {path}: cases[0].config: {message}"), last
+
+
+@pytest.mark.parametrize("override, message", [
+    # OverflowError tracebacks (cannot convert float infinity to integer)
+    ("roofline.step_overhead_s=1.0e+300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1e+300 s"),
+    ("roofline.compute_efficiency=1.0e-300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1.17e+299 s"),
+    ("simulation.max_time_s=1.0e+300", "simulation.max_time_s: expected at most 4.61e+06 s (~53 days), the engine's "
+                                       "clock (got 1e+300)"),
+])
+def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, message):
+    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("acceptance, message", [
+    ({"alpha": 1.5}, "speculative_config.acceptance.alpha: conditional_acceptance.0: Input should be less than or "
+                     "equal to 1 (got 1.5)"),
+    ("nosuch", "speculative_config.acceptance: unknown acceptance profile 'nosuch' (expected one of: "),
+])
+def test_acceptance_errors_name_the_config_file(tmp_path, capsys, acceptance, message):
+    spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": acceptance}
+    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("spec, message", [
+    ({"method": "draft_model", "model": "nosuch"}, "speculative_config.model: unknown model card 'nosuch'"),
+    ({"method": "draft_model", "model": {"name": "x"}}, "speculative_config.model: max_model_len: required key is "
+                                                        "missing"),
+    ({"method": "eagle", "draft_head": {"foo": 1}}, "speculative_config.draft_head: name: required key is missing"),
+])
+def test_draft_card_errors_name_the_config_file_and_key(tmp_path, capsys, spec, message):
+    # were "unknown model card 'nosuch'" and "inline model card: ...", naming neither
+    spec = {**spec, "num_speculative_tokens": 2, "acceptance": {"alpha": 0.5}}
+    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
+
+
+@pytest.mark.parametrize("result, message", [
+    # tracebacks (ValueError, TypeError, OverflowError) or silently truncated / raised to 1
+    ({"input_lens": ["a", 5]}, "input_lens[0]: expected a token count, an integer in 0..2147483647 (got 'a')"),
+    ({"input_lens": [None, 5]}, "input_lens[0]: expected a token count, an integer in 0..2147483647 (got None)"),
+    ({"input_lens": [5.7, 5]}, "input_lens[0]: expected a token count, an integer in 0..2147483647 (got 5.7)"),
+    ({"output_lens": [5, -3]}, "output_lens[1]: expected a token count, an integer in 0..2147483647 (got -3)"),
+    ({"max_concurrency": 1.5}, "max_concurrency: expected a whole number (got 1.5)"),
+    ({"completed": 2.5}, "completed: expected a whole number (got 2.5)"),
+    ({"input_lens": None, "total_input_tokens": float("inf"), "total_output_tokens": 10},
+     "total_input_tokens: expected a number >= 0 (got inf)"),
+    ({"input_lens": None, "total_input_tokens": 1e15, "total_output_tokens": 10},
+     "total_input_tokens: 1e+15 tokens over 2 requests is 500000000000000 per request (expected at most 2147483647)"),
+])
+def test_vllm_bench_results_with_bad_numbers_get_one_line(tmp_path, capsys, result, message):
+    import json
+
+    data = {"completed": 2, "input_lens": [5, 5], "output_lens": [5, 5], "max_concurrency": 1, "mean_ttft_ms": 10,
+            **result}
+    bench = tmp_path / "r.json"
+    bench.write_text(json.dumps(data))
+    server = write_yaml(tmp_path / "server.yaml", SMALL)
+    assert main(["validate", "--vllm-bench", str(bench), "--server", str(server), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"servesim: error: {bench}: {message}"
+
+
+def test_vllm_bench_nan_metric_is_skipped_not_compared(tmp_path, capsys):
+    import json
+
+    # vLLM writes NaN for a mean over no values; that metric has nothing to compare (the others still are)
+    bench = tmp_path / "r.json"
+    bench.write_text(json.dumps({"completed": 2, "input_lens": [5, 5], "output_lens": [5, 5], "max_concurrency": 1,
+                                 "mean_ttft_ms": 10, "mean_tpot_ms": float("nan")}))
+    server = write_yaml(tmp_path / "server.yaml", SMALL)
+    assert main(["validate", "--vllm-bench", str(bench), "--server", str(server), "--out", str(tmp_path / "o")]) == 0
+    table = (tmp_path / "o" / "validation.csv").read_text()
+    assert "ttft" in table and "tpot" not in table.lower()
+
+
+@pytest.mark.parametrize("command", ["sweep", "tune-k"])
+def test_more_jobs_than_the_cpus_can_run_are_refused_before_forking(tmp_path, capsys, monkeypatch, command):
+    import os
+
+    import servesim.sweep.executors as executors
+
+    def no_pool(*args, **kwargs):  # a pool of 100,000 workers forks them all at once
+        raise AssertionError("a process pool was started")
+
+    monkeypatch.setattr(executors, "ProcessPoolExecutor", no_pool)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    base = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": {"method": "eagle",
+                                                                            "num_speculative_tokens": 2}})
+    target = base if command == "tune-k" else write_yaml(tmp_path / "s.yaml", {"base": "c.yaml"})
+    assert main([command, str(target), "--out", str(tmp_path / "o"), "--jobs", "100000"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "servesim: error: --jobs: 100000 worker processes on 2 CPU(s); expected at most 8 (4 per CPU: more only "
+        "slow the runs down and exhaust memory)")

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.input_files import load_yaml, validate
 from servesim.errors import ConfigError
 
@@ -94,7 +95,7 @@ def check_compatible(target: Vocab, draft: Vocab, max_size_difference: int = SPE
     return "compatible"
 
 
-class VocabCard(BaseModel):
+class VocabCard(InputModel):
     """A vocabulary described in YAML: ``tokens`` inline, or ``tokenizer`` (a tokenizer.json path relative to
     the YAML file) with optional overrides of the other fields."""
 

@@ -30,9 +30,11 @@ import math
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
+from servesim.input_models import InputModel
 from servesim.errors import ConfigError
+from servesim.workload.rawtrace import MAX_TOKEN_COUNT
 
 METRICS: tuple[tuple[str, str, str, float], ...] = (
     # (result key, servesim summary key, unit, factor from the result's unit to servesim's)
@@ -43,7 +45,7 @@ METRICS: tuple[tuple[str, str, str, float], ...] = (
 """What a replay reports: measured key of the result, simulated summary key, unit, unit factor."""
 
 
-class BenchCase(BaseModel):
+class BenchCase(InputModel):
     """A ``vllm bench serve --save-result`` result and the server settings it was measured with."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
@@ -63,16 +65,42 @@ def result_number(obj: dict, key: str, where: str, *, allow_inf: bool = False) -
     """The number >= 0 at ``obj[key]`` of a bench result (None when absent; ``"inf"`` allowed with ``allow_inf``).
 
     Raises:
-        ConfigError: the value is not a number >= 0 (names ``where`` and ``key``).
+        ConfigError: the value is not a finite number >= 0 (names ``where`` and ``key``).
     """
     value = obj.get(key)
     if value is None:
         return None
     if isinstance(value, str) and allow_inf and value.lower() in ("inf", "infinity"):
         return math.inf
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0 or value == math.inf:
+        # JSON's NaN and Infinity parse as floats: neither is a count, a time or a rate here
         raise ConfigError(f"{where}: {key}: expected a number >= 0 (got {value!r})")
     return float(value)
+
+
+def result_count(obj: dict, key: str, where: str) -> int | None:
+    """The whole number >= 0 at ``obj[key]`` of a bench result (a request count; None when absent).
+
+    Raises:
+        ConfigError: the value is not a whole number >= 0 (names ``where`` and ``key``).
+    """
+    value = result_number(obj, key, where)
+    if value is not None and not value.is_integer():
+        raise ConfigError(f"{where}: {key}: expected a whole number (got {obj[key]!r})")
+    return None if value is None else int(value)
+
+
+def _token_counts(values: list, key: str, where: str) -> list[int]:
+    """A result's ``input_lens`` or ``output_lens``: integer token counts in ``0..MAX_TOKEN_COUNT``.
+
+    Raises:
+        ConfigError: an entry that is not such a count (names ``where``, ``key`` and the index).
+    """
+    for i, v in enumerate(values):
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_TOKEN_COUNT:
+            raise ConfigError(f"{where}: {key}[{i}]: expected a token count, an integer in 0..{MAX_TOKEN_COUNT} "
+                              f"(got {v!r})")
+    return values
 
 
 def read_bench_result(path: Path) -> dict:
@@ -96,7 +124,7 @@ def read_bench_result(path: Path) -> dict:
         data = data[0]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a `vllm bench serve --save-result` result object")
-    completed = result_number(data, "completed", str(path))
+    completed = result_count(data, "completed", str(path))
     if not completed:
         raise ConfigError(f"{path}: completed: expected a positive number of requests")
     return data
@@ -111,24 +139,30 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
     Raises:
         ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals).
     """
-    n = int(result_number(result, "completed", where) or 0)
+    n = result_count(result, "completed", where) or 0
     ins, outs = result.get("input_lens"), result.get("output_lens")
     if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) and ins:
-        pairs = [(max(int(i), 1), max(int(o), 1)) for i, o in zip(ins, outs)]
+        ins, outs = _token_counts(ins, "input_lens", where), _token_counts(outs, "output_lens", where)
+        pairs = [(max(i, 1), max(o, 1)) for i, o in zip(ins, outs)]
         how = f"{len(pairs)} (input, output) pairs of the result"
     else:
         total_in, total_out = result_number(result, "total_input_tokens", where), result_number(result, "total_output_tokens", where)
         if total_in is None or total_out is None:
             raise ConfigError(f"{where}: expected input_lens/output_lens (--save-detailed) or "
                               "total_input_tokens and total_output_tokens")
-        pairs = [(max(round(total_in / n), 1), max(round(total_out / n), 1))] * n
+        means = [round(total_in / n), round(total_out / n)]
+        for key, total, mean in zip(("total_input_tokens", "total_output_tokens"), (total_in, total_out), means):
+            if mean > MAX_TOKEN_COUNT:
+                raise ConfigError(f"{where}: {key}: {total:g} tokens over {n} requests is {mean} per request "
+                                  f"(expected at most {MAX_TOKEN_COUNT})")
+        pairs = [(max(means[0], 1), max(means[1], 1))] * n
         how = f"{n} requests of the mean lengths {pairs[0][0]} / {pairs[0][1]} tokens (no input_lens in the result)"
     trace = folder / "bench-requests.csv"
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     rows += [f"2024-01-01 00:00:00.0000000,{i},{o}" for i, o in pairs]
     trace.write_text("\n".join(rows) + "\n", encoding="utf-8")
     lengths = {"type": "empirical", "path": str(trace), "format": "azure"}
-    conc = result_number(result, "max_concurrency", where)
+    conc = result_count(result, "max_concurrency", where)
     rate = result_number(result, "request_rate", where, allow_inf=True)
     burst = result_number(result, "burstiness", where) or 1.0
     if conc:

@@ -45,7 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from servesim.config.models import SimConfig
-from servesim.errors import ConfigError
+from servesim.errors import ConfigError, naming_settings_of
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -280,7 +280,8 @@ class CapacitySearch:
         reps, attain, good, rthr, othr, done, counts = [], [], [], [], [], [], []
         for i in range(self.replications):
             seed = np.random.SeedSequence(entropy=self.cfg.seed, spawn_key=(i,))
-            result = self.simulate(data, seed=seed, base_dir=self.folder)
+            with naming_settings_of(self.cfg.source):  # the point's config is a mapping built from the file's
+                result = self.simulate(data, seed=seed, base_dir=self.folder)
             summary = result.summary
             reps.append({s.name: s.value(summary) for s in self.slos})
             slo_dict = dict(self._per_request)
@@ -312,11 +313,11 @@ class CapacitySearch:
         """Highest passing rate (requests/s), to a relative ``tolerance`` (see the module docstring).
 
         Raises:
-            ConfigError: ``tolerance`` not in (0, 1) or a non-positive ``max_rate``/``start_rate``.
+            ConfigError: ``tolerance`` not in (0, 1) or a non-positive or infinite ``max_rate``/``start_rate``.
         """
         if not 0 < tolerance < 1:
             raise ConfigError(f"--tolerance: expected a relative tolerance in (0, 1) (got {tolerance})")
-        if max_rate is not None and not max_rate > 0:
+        if max_rate is not None and not (max_rate > 0 and math.isfinite(max_rate)):
             raise ConfigError(f"--max-rate: expected a positive rate in requests/s (got {max_rate})")
         r = float(start_rate or self.axis.start_rate)
         if max_rate is not None:
@@ -388,9 +389,9 @@ class CapacitySearch:
         """Fewest replicas that pass at ``target_rate`` (requests/s); see the module docstring.
 
         Raises:
-            ConfigError: a non-positive target rate or ``max_replicas < 1``.
+            ConfigError: a non-positive or infinite target rate or ``max_replicas < 1``.
         """
-        if not target_rate > 0:
+        if not (target_rate > 0 and math.isfinite(target_rate)):
             raise ConfigError(f"--replicas: expected a positive target rate in requests/s (got {target_rate})")
         if max_replicas < 1:
             raise ConfigError(f"--max-replicas: expected >= 1 (got {max_replicas})")

@@ -52,7 +52,7 @@ import pandas as pd
 
 from servesim.analysis.capacity import Slo
 from servesim.config.models import SimConfig
-from servesim.errors import ConfigError
+from servesim.errors import ConfigError, naming_settings_of
 
 #: Upper end of the table's last range when the config sets no ``engine.max_num_seqs`` (requests).
 DEFAULT_TABLE_END = 4096
@@ -432,17 +432,23 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
             batch sizes (one line). ServesimError: a run that cannot be set up.
     """
     from servesim.seeding import child_seed
-    from servesim.speculation.config import SpeculativeConfig
+    from servesim.speculation.config import MAX_SPEC_LEN, SpeculativeConfig
     from servesim.input_files import validate
+    from servesim.workload.config import MAX_REQUESTS
 
     if cfg.speculative_config is None:
         raise ConfigError("speculative_config: tune-k needs a config with a speculative_config (method, acceptance)")
-    spec_model = validate(SpeculativeConfig, cfg.speculative_config, "config", key_prefix="speculative_config")
+    # checked when the SimConfig was validated (its errors name the config file); a mapping changed since
+    # is named as what it is
+    spec_model = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")
     spec = dict(cfg.speculative_config)
     if k_max is None:
         k_max = int(spec_model.num_speculative_tokens)
     if isinstance(k_max, bool) or int(k_max) < 1:
         raise ConfigError(f"--k-max: expected a positive number of tokens (got {k_max})")
+    if int(k_max) > MAX_SPEC_LEN:
+        raise ConfigError(f"--k-max: expected at most {MAX_SPEC_LEN} tokens, the most drafts vLLM's rejection sampler "
+                          f"verifies per request and step (got {k_max})")
     if spec_model.synthetic:  # the resolved per-position rates serve every k up to num_speculative_tokens
         if int(k_max) > int(spec_model.num_speculative_tokens):
             raise ConfigError(
@@ -461,6 +467,9 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
         raise ConfigError(f"--batch-sizes: expected positive integers (got {sizes})")
     if mns is not None and sizes[-1] > mns:
         raise ConfigError(f"--batch-sizes: {sizes[-1]} exceeds engine.max_num_seqs = {mns} (requests)")
+    if sizes[-1] * requests_per_client > MAX_REQUESTS:
+        raise ConfigError(f"--batch-sizes x --requests-per-client: {sizes[-1]} x {requests_per_client} requests is "
+                          f"more than the {MAX_REQUESTS} servesim simulates")
     table_end = int(mns) if mns is not None else max(DEFAULT_TABLE_END, sizes[-1])
     slos = list(slos)
     root = np.random.SeedSequence(cfg.seed)
@@ -469,7 +478,8 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
 
     tasks = [Task(b, f"k={k}", r, closed_loop_config(cfg, b, requests_per_client, fixed_k_spec(spec, k)), seeds[r], base)
              for b in sizes for k in range(int(k_max) + 1) for r in range(replications)]
-    grid = point_frame(_run_all(tasks, executor, progress), slos)
+    with naming_settings_of(cfg.source):  # the points' configs are mappings built from the file's
+        grid = point_frame(_run_all(tasks, executor, progress), slos)
     best_k = choose_best_k(grid, bool(slos))
     best_fixed = choose_best_fixed_k(grid)
     table = build_schedule(best_k, table_end, int(k_max), boundary)

@@ -39,8 +39,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.analysis.bench_replay import BenchCase
 from servesim.errors import ConfigError
 
@@ -50,7 +51,7 @@ CSV_COLUMNS = [
 ]
 
 
-class _Strict(BaseModel):
+class _Strict(InputModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
@@ -283,10 +284,9 @@ def _with_overrides(data: dict[str, Any], overrides: dict[str, Any], source: str
 
 def _simulate(data: dict[str, Any], folder: Path, lc: LoadedCase, what: str) -> dict:
     from servesim.api import simulate
-    from servesim.input_files import validate
-    from servesim.config.models import SimConfig
+    from servesim.config.models import validate_config
 
-    cfg = validate(SimConfig, data, f"{lc.where}.{what}")
+    cfg = validate_config(data, f"{lc.where}.{what}")
     return simulate(cfg, seed=lc.case.seed, base_dir=folder).summary
 
 
@@ -387,8 +387,8 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
     """
     from servesim.analysis.bench_replay import METRICS, read_bench_result, result_number, replay_workload
     from servesim.api import simulate
-    from servesim.input_files import load_yaml, validate
-    from servesim.config.models import SimConfig
+    from servesim.input_files import load_yaml
+    from servesim.config.models import validate_config
 
     base = case_file.resolve().parent
     result_path = Path(case.bench_result)
@@ -406,10 +406,12 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
     with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:
         workload, how = replay_workload(result, str(result_path), Path(tmp))
         data = {**server, "workload": workload}
-        cfg = validate(SimConfig, data, f"{where}.config")
+        cfg = validate_config(data, f"{where}.config")
         summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
     out = []
     for key, sim_key, unit, factor in METRICS:
+        if isinstance(result.get(key), float) and math.isnan(result[key]):
+            continue  # vLLM writes NaN for a mean over no values (TPOT when every output is one token)
         value = result_number(result, key, str(result_path))
         if not value:
             continue

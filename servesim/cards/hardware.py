@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.errors import ConfigError
 
 #: Compute types a card may list a peak for.
@@ -38,7 +39,7 @@ def vllm_default_scheduler_limits(name: str, memory_bytes: float) -> tuple[int, 
     return 2048, 256
 
 
-class HardwareCard(BaseModel):
+class HardwareCard(InputModel):
     """One accelerator (a single GPU): vendor peaks plus calibration factors.
 
     All quantities are per GPU, in bytes, bytes/s, FLOP/s and seconds.

@@ -19,9 +19,10 @@ from typing import Literal, overload
 
 import numpy as np
 from numpy.typing import NDArray
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from servesim.input_models import InputModel
 from servesim.cards.dtypes import (
     FLOAT_ACTIVATION_DTYPES,
     KVCacheDtype,
@@ -59,7 +60,7 @@ def _card_error(message: str) -> PydanticCustomError:
     return PydanticCustomError("model_card", message)
 
 
-class ModelCard(BaseModel):
+class ModelCard(InputModel):
     """A served model: architecture (or explicit totals), storage dtypes, context limit.
 
     Units: parameters are counts of weights, bytes are bytes, FLOPs are floating-point operations

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``servesim`` console script; returns the exit status.
 
     Exit status: 0 success, 1 a command's own failure report (e.g. failed sweep runs), 2 a user error (one
-    line on stderr), 130 Ctrl-C, 143 SIGTERM.
+    line on stderr; also an input too large for memory), 130 Ctrl-C, 143 SIGTERM.
     """
     if argv is None:
         argv = sys.argv[1:]
@@ -114,6 +114,11 @@ def _run(module, args: argparse.Namespace) -> int:
     except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
         # e.g. --out names an existing file: a user mistake, said in one line
         print(f"servesim: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+        return 2
+    except MemoryError as exc:
+        # a huge input (num_requests, a sweep's grid, a trace) that numpy cannot allocate: said in one line
+        detail = f" ({exc})" if str(exc) else ""
+        print(f"servesim: error: not enough memory{detail}: give a smaller workload, grid or trace", file=sys.stderr)
         return 2
     except Terminated:
         print("servesim: terminated (SIGTERM)", file=sys.stderr)

@@ -73,8 +73,9 @@ def parse_overrides(
         ``(dotted key, value)`` pairs in the order to apply them (see :func:`servesim.config.models.load_config`).
 
     Raises:
-        ConfigError: invalid JSON or flags, an invalid ``--set``, or both ``--speculative-config`` and
-            ``--llama-cpp-spec``.
+        ConfigError: invalid JSON or flags, an invalid ``--set``, both ``--speculative-config`` and
+            ``--llama-cpp-spec``, or a speculative config that fails validation when no ``--set`` refines it
+            (named ``--speculative-config`` or ``--llama-cpp-spec``).
     """
     from servesim.config.overrides import parse_assignment
     from servesim.errors import ConfigError
@@ -96,6 +97,15 @@ def parse_overrides(
         overrides.append(("speculative_config", spec))
     for text in assignments:
         overrides.append(parse_assignment(text))
+    option = "--llama-cpp-spec" if llama_cpp_flags is not None else "--speculative-config"
+    given = overrides[0][1] if llama_cpp_flags is not None or speculative_json is not None else None
+    if given is not None and not any(key.split(".")[0] == "speculative_config" for key, _ in overrides[1:]):
+        # the option gives the run's whole speculative_config (no --set refines it): its mistakes name the
+        # option, and the key as --set takes it
+        from servesim.input_files import validate
+        from servesim.speculation.config import SpeculativeConfig
+
+        validate(SpeculativeConfig, given, option, key_prefix="speculative_config")
     return overrides
 
 

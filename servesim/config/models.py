@@ -18,12 +18,13 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from servesim.input_models import InputModel
 from servesim.workload.config import WorkloadConfig
 
 
-class _Strict(BaseModel):
+class _Strict(InputModel):
     model_config = ConfigDict(defer_build=True, extra="forbid")
 
 
@@ -206,6 +207,38 @@ class SimConfig(_Strict):
     simulation: SimulationConfig = SimulationConfig()
     deployment: DeploymentConfig = DeploymentConfig()
     speculative_config: dict[str, Any] | None = None
+    _source: str | None = PrivateAttr(default=None)
+
+    @property
+    def source(self) -> str | None:
+        """The file this config was read from (:func:`load_config`, :func:`validate_config`), named in errors
+        found when the run is wired (:class:`~servesim.errors.SettingError`); None for a config built in
+        Python."""
+        return self._source
+
+    @field_validator("speculative_config")
+    @classmethod
+    def _check_speculative_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        # checked here, so that its errors name the config file and the key (speculative_config.KEY) as every
+        # other field's do; kept as the mapping that the run's wiring and tune-k build their models from
+        if value is not None:
+            from servesim.speculation.config import SpeculativeConfig
+
+            SpeculativeConfig.model_validate(value)
+        return value
+
+    @field_validator("hardware", "model")
+    @classmethod
+    def _check_inline_card(cls, value: str | dict[str, Any], info: ValidationInfo) -> str | dict[str, Any]:
+        # an inline card is checked here for the same reason (hardware.FIELD, model.FIELD); names and paths
+        # are resolved when the run is wired, against the config's folder
+        if isinstance(value, dict):
+            if info.field_name == "hardware":
+                from servesim.cards.hardware import HardwareCard as card
+            else:
+                from servesim.cards.model import ModelCard as card
+            card.model_validate(value)
+        return value
 
 
 def load_config(
@@ -224,7 +257,7 @@ def load_config(
     Raises:
         ConfigError: unreadable file, invalid YAML, or a field that fails validation (one line).
     """
-    from servesim.input_files import load_yaml, validate
+    from servesim.input_files import load_yaml
     from servesim.config.overrides import set_dotted
 
     p = Path(path)
@@ -236,4 +269,20 @@ def load_config(
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
         data = set_dotted(data or {}, key, value)
-    return validate(SimConfig, data, str(p)), p.resolve().parent
+    return validate_config(data, str(p)), p.resolve().parent
+
+
+def validate_config(data: Any, source: str) -> SimConfig:
+    """Validate a run config's mapping, read from ``source`` (a file, or e.g. ``FILE: cases[0].config``).
+
+    The config remembers ``source`` (:attr:`SimConfig.source`), so that a setting found impossible when the
+    run is wired is named with it too.
+
+    Raises:
+        ConfigError: one line ``source: field.path: message``.
+    """
+    from servesim.input_files import validate
+
+    cfg = validate(SimConfig, data, source)
+    cfg._source = source
+    return cfg

@@ -61,8 +61,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.errors import ConfigError
 from servesim.speculation.schedule import validate_schedule
 
@@ -108,7 +109,7 @@ def synthetic_rates_from_length(length: float, num_speculative_tokens: int) -> l
     return ([1.0] * full + [accepted - full] + [0.0] * (num_speculative_tokens - full - 1))[:num_speculative_tokens]
 
 
-class SpeculativeConfig(BaseModel):
+class SpeculativeConfig(InputModel):
     """A validated ``speculative_config`` (see the module docstring)."""
 
     model_config = ConfigDict(extra="forbid")

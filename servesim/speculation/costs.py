@@ -128,10 +128,11 @@ def build_drafter(spec, hardware, target, tensor_parallel_size: int, mode: str, 
 
     tp = int(spec.draft_tensor_parallel_size or tensor_parallel_size)
     if spec.method == "draft_model":
-        card = load_model(spec.model, base_dir=base_dir)
+        card = load_model(spec.model, base_dir=base_dir, source="speculative_config.model")
         weights = float(card.weight_bytes) / tp
     else:
-        card = load_model(spec.draft_head if spec.draft_head is not None else head_card(target), base_dir=base_dir)
+        card = load_model(spec.draft_head if spec.draft_head is not None else head_card(target), base_dir=base_dir,
+                          source="speculative_config.draft_head")
         shared = 0.0  # the default head reads the target's embedding and lm_head: not stored twice
         if spec.draft_head is None and not card.is_explicit:
             from servesim.cards.dtypes import bytes_per_element

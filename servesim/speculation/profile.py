@@ -48,8 +48,9 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.input_files import load_yaml, validate
 from servesim.errors import ConfigError
 
@@ -70,7 +71,7 @@ SPEC_METHODS: tuple[str, ...] = SpecMethod.__args__  # type: ignore[attr-defined
 _TOL = 1e-9
 
 
-class BetaHeterogeneity(BaseModel):
+class BetaHeterogeneity(InputModel):
     """Per-request factor from a beta law on the request's top conditional rate (see module docstring)."""
 
     model_config = ConfigDict(defer_build=True, extra="forbid")
@@ -80,7 +81,7 @@ class BetaHeterogeneity(BaseModel):
     source: str | None = None
 
 
-class LognormalHeterogeneity(BaseModel):
+class LognormalHeterogeneity(InputModel):
     """Per-request factor ``exp(sigma Z - sigma^2/2)`` on the conditional rates (mean 1)."""
 
     model_config = ConfigDict(defer_build=True, extra="forbid")
@@ -93,7 +94,7 @@ class LognormalHeterogeneity(BaseModel):
 Heterogeneity = Annotated[BetaHeterogeneity | LognormalHeterogeneity, Field(discriminator="type")]
 
 
-class ContextDecay(BaseModel):
+class ContextDecay(InputModel):
     """Position-1 acceptance scale as a function of context length (tokens).
 
     ``linear``: ``scale = max(floor, 1 - per_token * max(0, ctx - reference_tokens))``.
@@ -120,7 +121,7 @@ class ContextDecay(BaseModel):
         return np.clip(s, self.floor, 1.0)
 
 
-class AcceptanceProfile(BaseModel):
+class AcceptanceProfile(InputModel):
     """A named per-position acceptance profile (one YAML file in ``workloads/acceptance/``).
 
     Give exactly one of ``per_position_acceptance`` (unconditional ``p_i``, non-increasing, in [0, 1]) and

@@ -105,6 +105,10 @@ def _import_distributed():
     return distributed
 
 
+MAX_JOBS_PER_CPU = 4
+"""Most local worker processes per CPU that ``--jobs`` may ask for (the simulation is CPU-bound)."""
+
+
 def check_executor(spec: str | Executor | None, jobs: int) -> tuple[str, str | None]:
     """Check ``--executor`` and ``--jobs`` without starting anything (see :func:`open_executor`).
 
@@ -112,13 +116,19 @@ def check_executor(spec: str | Executor | None, jobs: int) -> tuple[str, str | N
         :func:`parse_executor`'s ``(kind, address)``; ``("given", None)`` for an Executor instance.
 
     Raises:
-        ConfigError: ``jobs < 1`` or an unknown ``spec``.
+        ConfigError: ``jobs < 1``, more local workers than :data:`MAX_JOBS_PER_CPU` per CPU, or an unknown
+            ``spec``.
     """
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"--jobs: expected a positive integer (got {jobs!r})")
     if isinstance(spec, Executor):
         return "given", None
-    return parse_executor(spec)
+    kind, address = parse_executor(spec)
+    most = MAX_JOBS_PER_CPU * (os.cpu_count() or 1)
+    if address is None and jobs > most:  # local processes: a pool forks all of its workers at once
+        raise ConfigError(f"--jobs: {jobs} worker processes on {os.cpu_count() or 1} CPU(s); expected at most "
+                          f"{most} ({MAX_JOBS_PER_CPU} per CPU: more only slow the runs down and exhaust memory)")
+    return kind, address
 
 
 @contextlib.contextmanager

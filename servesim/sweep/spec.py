@@ -25,9 +25,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
+from servesim.input_models import InputModel
 from servesim.input_files import load_yaml, validate
 from servesim.config.overrides import split_key
 from servesim.errors import ConfigError
@@ -49,7 +50,7 @@ def _check_key(key: str) -> str:
     return key
 
 
-class SweepConfig(BaseModel):
+class SweepConfig(InputModel):
     """A sweep file, validated.
 
     Attributes:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from servesim.errors import TraceError
-from servesim.workload.rawtrace import RawTrace, read_trace_text
+from servesim.workload.rawtrace import MAX_TOKEN_COUNT, RawTrace, read_trace_text, too_many_tokens
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _EXAMPLE_TIME = "2023-11-16 18:17:03.9799600"
@@ -113,7 +113,9 @@ def _parse_fast(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         output = np.array(fields[io::ncol], dtype=np.int64)
     except (ValueError, OverflowError, TypeError, Warning):
         return None
-    if prompt.min() < 0 or output.min() < 0 or (np.diff(t_ns) < 0).any():
+    if prompt.min() < 0 or output.min() < 0 or max(prompt.max(), output.max()) > MAX_TOKEN_COUNT:
+        return None
+    if (np.diff(t_ns) < 0).any():
         return None
     return t_ns, prompt, output
 
@@ -191,4 +193,6 @@ def _token_count(p: Path, line: int, column: str, s: str) -> int:
         v = -1
     if v < 0:
         raise TraceError(f"{p}: line {line}: {column}: expected an integer token count >= 0 (got {s.strip()!r})")
+    if v > MAX_TOKEN_COUNT:
+        raise too_many_tokens(p, line, column, v)
     return v

@@ -22,15 +22,36 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.workload.lengths import EmpiricalPairsConfig, LengthConfig, TraceFormat
 from servesim.workload.system_prompts import SystemPromptsConfig
 
 _SYSTEM_PROMPTS = "shared system prompts prepended to the prompts (Zipf popularity)"
 
+MAX_REQUESTS = 2**31 - 1
+"""Most requests (sessions, for ``multi_turn``) a synthetic workload may ask for, by count or as ``rate x
+duration_s``: far beyond what fits in memory (a million requests take about 2 GB), where numpy would fail
+with a traceback."""
 
-class TraceWorkloadConfig(BaseModel):
+MIN_GAP_CV = 1e-6
+"""Smallest coefficient of variation of gamma gaps (arrivals, think times; a think time also takes 0, fixed):
+the gaps are then constant to a millionth of their mean (the gamma's shape ``1 / cv^2`` is ``1e12``); a
+smaller cv changes nothing but the chance of a traceback (``cv^2`` underflows to 0 below about 1e-154)."""
+
+MAX_GAP_CV = 1e3
+"""Largest coefficient of variation of gamma gaps: beyond, almost every gap is 0 (shape ``1e-6``), and the
+draws sized for ``duration_s`` (``6 cv sqrt(rate x duration_s)`` at once) exceed memory."""
+
+
+def _check_expected(rate: float, duration_s: float | None, what: str) -> None:
+    if duration_s is not None and rate * duration_s > MAX_REQUESTS:
+        raise ValueError(f"rate x duration_s = {rate * duration_s:.3g} {what} expected; servesim simulates at most "
+                         f"{MAX_REQUESTS} (lower the rate or duration_s)")
+
+
+class TraceWorkloadConfig(InputModel):
     """Replay a trace file (Azure CSV or Mooncake JSONL) open loop; see :func:`servesim.workload.load_trace`."""
 
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
@@ -60,7 +81,7 @@ class TraceWorkloadConfig(BaseModel):
         return self
 
 
-class _SyntheticBase(BaseModel):
+class _SyntheticBase(InputModel):
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
     prompt_tokens: LengthConfig | None = Field(None, description="prompt length distribution (tokens)")
@@ -80,13 +101,14 @@ class _SyntheticBase(BaseModel):
 
 
 class _OpenLoopBase(_SyntheticBase):
-    num_requests: int | None = Field(None, ge=1, description="number of requests")
+    num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="number of requests")
     duration_s: float | None = Field(None, gt=0, description="or: every arrival in [0, duration_s) (s)")
 
     @model_validator(mode="after")
     def _check_count(self) -> _OpenLoopBase:
         if (self.num_requests is None) == (self.duration_s is None):
             raise ValueError("give exactly one of num_requests and duration_s")
+        _check_expected(self.rate, self.duration_s, "requests")
         return self
 
 
@@ -102,7 +124,8 @@ class GammaWorkloadConfig(_OpenLoopBase):
 
     type: Literal["gamma"]
     rate: float = Field(gt=0, description="mean arrival rate (requests/s)")
-    cv: float = Field(gt=0, description="coefficient of variation of the gaps (1 = Poisson, > 1 burstier)")
+    cv: float = Field(ge=MIN_GAP_CV, le=MAX_GAP_CV,
+                      description="coefficient of variation of the gaps (1 = Poisson, > 1 burstier)")
 
 
 class ClosedLoopWorkloadConfig(_SyntheticBase):
@@ -111,7 +134,7 @@ class ClosedLoopWorkloadConfig(_SyntheticBase):
     type: Literal["closed_loop"]
     concurrency: int = Field(ge=1, description="number of clients (requests in flight)")
     think_time_s: float = Field(0.0, ge=0, description="delay between a finish and the client's next request (s)")
-    num_requests: int | None = Field(None, ge=1, description="total requests issued")
+    num_requests: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="total requests issued")
     requests_per_client: int | None = Field(
         None, ge=1, description="alternative to num_requests: num_requests = concurrency x requests_per_client"
     )
@@ -121,11 +144,14 @@ class ClosedLoopWorkloadConfig(_SyntheticBase):
         if (self.num_requests is None) == (self.requests_per_client is None):
             raise ValueError("give exactly one of num_requests and requests_per_client")
         if self.num_requests is None:
+            if self.concurrency * self.requests_per_client > MAX_REQUESTS:
+                raise ValueError(f"concurrency x requests_per_client = {self.concurrency * self.requests_per_client} "
+                                 f"requests; servesim simulates at most {MAX_REQUESTS}")
             self.num_requests = self.concurrency * self.requests_per_client
         return self
 
 
-class MultiTurnWorkloadConfig(BaseModel):
+class MultiTurnWorkloadConfig(InputModel):
     """Multi-turn conversations: each turn's prompt = the session's history + a new message.
 
     See :mod:`servesim.workload.multi_turn` for the process and :mod:`servesim.workload.content` for the
@@ -136,20 +162,26 @@ class MultiTurnWorkloadConfig(BaseModel):
 
     type: Literal["multi_turn"]
     rate: float = Field(gt=0, description="session arrival rate (sessions/s)")
-    cv: float = Field(1.0, gt=0, description="coefficient of variation of the gaps between session starts (1 = Poisson)")
-    num_sessions: int | None = Field(None, ge=1, description="number of sessions")
+    cv: float = Field(1.0, ge=MIN_GAP_CV, le=MAX_GAP_CV,
+                      description="coefficient of variation of the gaps between session starts (1 = Poisson)")
+    num_sessions: int | None = Field(None, ge=1, le=MAX_REQUESTS, description="number of sessions")
     duration_s: float | None = Field(None, gt=0, description="or: every session starting in [0, duration_s) (s)")
     turns: LengthConfig = Field(description="turns per session (a length distribution, >= 1)")
     message_tokens: LengthConfig = Field(description="new user message of each turn (tokens)")
     output_tokens: LengthConfig = Field(description="output of each turn (tokens)")
     think_time_s: float = Field(ge=0, description="mean gap between the arrivals of a session's consecutive turns (s)")
-    think_time_cv: float = Field(1.0, ge=0, description="coefficient of variation of the think time (0 = fixed)")
+    think_time_cv: float = Field(1.0, ge=0, le=MAX_GAP_CV,
+                                 description="coefficient of variation of the think time (0 = fixed)")
     system_prompts: SystemPromptsConfig | None = Field(None, description="one per session, before every turn")
 
     @model_validator(mode="after")
     def _check_count(self) -> "MultiTurnWorkloadConfig":
         if (self.num_sessions is None) == (self.duration_s is None):
             raise ValueError("give exactly one of num_sessions and duration_s")
+        _check_expected(self.rate, self.duration_s, "sessions")
+        if 0 < self.think_time_cv < MIN_GAP_CV:
+            raise ValueError(f"think_time_cv: expected 0 (fixed) or at least {MIN_GAP_CV:g} "
+                             f"(got {self.think_time_cv:g})")
         return self
 
 

@@ -25,7 +25,10 @@ from pathlib import Path
 from typing import Annotated, Literal, Protocol, Union
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
+
+from servesim.input_models import InputModel
+from servesim.workload.rawtrace import MAX_TOKEN_COUNT
 
 
 TraceFormat = Literal["auto", "azure", "mooncake"]
@@ -161,7 +164,8 @@ class LognormalLength:
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         x = np.rint(rng.lognormal(self.mu, self.sigma, size=n))
-        return np.clip(x, self.lo, self.hi if self.hi is not None else np.inf).astype(np.int64)
+        # without a max, draws beyond MAX_TOKEN_COUNT (an infinite one too) are cut there, not cast to garbage
+        return np.clip(x, self.lo, self.hi if self.hi is not None else MAX_TOKEN_COUNT).astype(np.int64)
 
     def _clipped_moment(self, k: int) -> float:
         mu, s = self.mu, self.sigma
@@ -232,11 +236,13 @@ def resolve_path(path: str, base_dir: Path | None) -> Path:
     return p
 
 
-class _LengthBase(BaseModel):
+class _LengthBase(InputModel):
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
 
-    min: int | None = Field(None, ge=1, description="clip draws below this up to it (tokens); default 1")
-    max: int | None = Field(None, ge=1, description="clip draws above this down to it (tokens); default none")
+    min: int | None = Field(None, ge=1, le=MAX_TOKEN_COUNT,
+                            description="clip draws below this up to it (tokens); default 1")
+    max: int | None = Field(None, ge=1, le=MAX_TOKEN_COUNT,
+                            description="clip draws above this down to it (tokens); default none")
 
     @model_validator(mode="after")
     def _check_bounds(self) -> _LengthBase:
@@ -260,7 +266,7 @@ class FixedLengthConfig(_LengthBase):
     """``{type: fixed, value}``: every request has ``value`` tokens."""
 
     type: Literal["fixed"]
-    value: int = Field(ge=1, description="tokens")
+    value: int = Field(ge=1, le=MAX_TOKEN_COUNT, description="tokens")
 
     def build(self, base_dir: Path | None = None) -> FixedLength:
         return FixedLength(self.value, self._lo(), self.max)
@@ -270,8 +276,8 @@ class UniformLengthConfig(_LengthBase):
     """``{type: uniform, low, high}``: integers ``low..high``, both inclusive (tokens)."""
 
     type: Literal["uniform"]
-    low: int = Field(ge=1, description="smallest value, inclusive (tokens)")
-    high: int = Field(ge=1, description="largest value, inclusive (tokens)")
+    low: int = Field(ge=1, le=MAX_TOKEN_COUNT, description="smallest value, inclusive (tokens)")
+    high: int = Field(ge=1, le=MAX_TOKEN_COUNT, description="largest value, inclusive (tokens)")
 
     @model_validator(mode="after")
     def _check_range(self) -> UniformLengthConfig:
@@ -291,9 +297,9 @@ class LognormalLengthConfig(_LengthBase):
     """
 
     type: Literal["lognormal"]
-    mean: float | None = Field(None, gt=0, description="mean before clipping (tokens)")
+    mean: float | None = Field(None, gt=0, le=MAX_TOKEN_COUNT, description="mean before clipping (tokens)")
     cv: float | None = Field(None, gt=0, description="coefficient of variation before clipping")
-    median: float | None = Field(None, gt=0, description="median before clipping (tokens)")
+    median: float | None = Field(None, gt=0, le=MAX_TOKEN_COUNT, description="median before clipping (tokens)")
     sigma: float | None = Field(None, gt=0, description="standard deviation of ln(tokens)")
 
     @model_validator(mode="after")
@@ -311,7 +317,8 @@ class LognormalLengthConfig(_LengthBase):
         if self.median is not None and self.sigma is not None:
             return math.log(self.median), self.sigma
         assert self.mean is not None and self.cv is not None
-        s2 = math.log1p(self.cv**2)
+        # log1p(cv^2) = 2 ln(cv) to double precision where cv^2 would overflow
+        s2 = math.log1p(self.cv**2) if self.cv < 1e150 else 2.0 * math.log(self.cv)
         return math.log(self.mean) - s2 / 2, math.sqrt(s2)
 
     def build(self, base_dir: Path | None = None) -> LognormalLength:
@@ -348,7 +355,7 @@ LengthConfig = Annotated[
 """A token-length distribution (discriminated on ``type``: fixed, uniform, lognormal, empirical)."""
 
 
-class EmpiricalPairsConfig(BaseModel):
+class EmpiricalPairsConfig(InputModel):
     """``lengths: {type: empirical, path, format}``: resample (prompt, output) pairs jointly from a trace.
 
     Token counts of 0 in the file are raised to 1 (as when replaying the trace).

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from servesim.errors import TraceError
-from servesim.workload.rawtrace import RawTrace, read_trace_text
+from servesim.workload.rawtrace import MAX_TOKEN_COUNT, RawTrace, read_trace_text, too_many_tokens
 
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 MOONCAKE_BLOCK_TOKENS = 512
@@ -109,6 +109,8 @@ def _parse_fast(
         return None
     if not np.isfinite(t_ms).all() or (np.diff(t_ms) < 0).any() or prompt.min() < 0 or output.min() < 0:
         return None
+    if max(prompt.max(), output.max()) > MAX_TOKEN_COUNT:
+        return None
     return t_ms, prompt, output, ids
 
 
@@ -146,6 +148,8 @@ def _parse_checked(
             v = row[key]
             if type(v) is not int or v < 0:
                 raise TraceError(f"{p}: line {n}: {key}: expected an integer token count >= 0 (got {v!r})")
+            if v > MAX_TOKEN_COUNT:
+                raise too_many_tokens(p, n, key, v)
             dest.append(v)
         ts.append(t)
         if ids is not None:

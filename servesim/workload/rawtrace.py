@@ -10,6 +10,16 @@ import numpy as np
 from servesim.errors import TraceError
 
 
+MAX_TOKEN_COUNT = 2**31 - 1
+"""Most tokens a trace row's prompt or output may have (int32's largest): far above any model's context,
+and low enough that a request's prompt + output tokens never overflow the int64 arrays they are kept in."""
+
+
+def too_many_tokens(path: Path, line: int, column: str, count: int) -> TraceError:
+    """The error for a token count above :data:`MAX_TOKEN_COUNT` (one line naming the file, line and column)."""
+    return TraceError(f"{path}: line {line}: {column}: expected at most {MAX_TOKEN_COUNT} tokens (got {count})")
+
+
 @dataclass(frozen=True)
 class RawTrace:
     """The rows of a trace file, in file order (shape ``(N,)`` each).

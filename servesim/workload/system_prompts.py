@@ -18,15 +18,18 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from servesim.input_models import InputModel
 from servesim.workload.lengths import LengthConfig
+from servesim.workload.rawtrace import MAX_TOKEN_COUNT
 from servesim.workload.workload import Workload
 
 
-class SystemPromptsConfig(BaseModel):
+class SystemPromptsConfig(InputModel):
     """``system_prompts:`` shared system prompts with a Zipf popularity (see the module docstring)."""
 
     model_config = ConfigDict(defer_build=True, extra="forbid", allow_inf_nan=False)
@@ -35,7 +38,7 @@ class SystemPromptsConfig(BaseModel):
     prompt_tokens: LengthConfig | None = Field(
         None, description="length of each system prompt (tokens), drawn once per prompt"
     )
-    prompt_lengths: list[PositiveInt] | None = Field(
+    prompt_lengths: list[Annotated[int, Field(ge=1, le=MAX_TOKEN_COUNT)]] | None = Field(
         None, min_length=1, description="or: the prompts' lengths (tokens), most popular first"
     )
     zipf_exponent: float = Field(1.0, ge=0, description="popularity of rank r is proportional to r^-s (0 = uniform)")
