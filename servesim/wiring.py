@@ -16,7 +16,7 @@ from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.engine.kv_cache import kv_cache_blocks
 from servesim.errors import SettingError
-from servesim.roofline import PS_PER_S, build_step_time_model
+from servesim.roofline import PS_PER_S, SUBPS_PER_S, build_step_time_model
 
 
 @contextmanager
@@ -192,11 +192,17 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         extra_kv_bytes_per_token_per_gpu=drafter.kv_bytes_per_token_per_gpu if drafter else 0.0,
     )
     longest = step_time.context_free_s(budget, min(seqs, budget))
-    if not longest <= MAX_SIMULATED_S:  # an inf or absurd step time (the int clock would overflow on it)
+    if longest <= MAX_STEP_S:  # the context terms of the longest step too: every block of the cache attended
+        kv_tokens = blocks * e.block_size
+        longest = step_time.step_subps(budget, min(seqs, budget), kv_tokens, budget * kv_tokens, seqs) / SUBPS_PER_S
+        if drafter is not None:
+            k_max = spec.num_speculative_tokens
+            longest += drafter.step_subps(budget, min(seqs, budget), k_max, kv_tokens) / SUBPS_PER_S
+    if not longest <= MAX_STEP_S:  # an inf or absurd step time (the int clock would overflow on it)
         raise SettingError(
             f"roofline: a step of max_num_batched_tokens={budget} tokens takes {longest:.3g} s with these step-time "
-            f"settings (step_overhead_s and efficiencies of the hardware card or roofline); servesim's clock holds "
-            f"at most {MAX_SIMULATED_S:.3g} s"
+            f"settings (step_overhead_s and efficiencies of the hardware card or roofline); servesim's steps take "
+            f"at most {MAX_STEP_S:.3g} s"
         )
     max_time = cfg.simulation.max_time_s
     if max_time is not None and not max_time <= MAX_SIMULATED_S:
@@ -326,6 +332,10 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
 
 MAX_SIMULATED_S = 2**62 / PS_PER_S
 """Longest simulated time span (s, about 53 days): the engine's clock is int64 picoseconds."""
+
+MAX_STEP_S = 2**46 / PS_PER_S
+"""Longest engine step (s, about 70 s): a step's duration is held in int64 units of 2^-16 ps
+(:data:`servesim.roofline.SUBPS_BITS`) with room for a run's sums."""
 
 
 def arrival_source(workload) -> ArrivalSource:

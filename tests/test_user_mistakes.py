@@ -433,6 +433,11 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
     # OverflowError tracebacks (cannot convert float infinity to integer)
     ("roofline.step_overhead_s=1.0e+300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1e+300 s"),
     ("roofline.compute_efficiency=1.0e-300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1.17e+299 s"),
+    # finite, but beyond what a step's duration in int64 units of 2^-16 ps holds (an OverflowError in the
+    # step log at the first compaction)
+    ("roofline.step_overhead_s=1000", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1e+03 s with "
+                                      "these step-time settings (step_overhead_s and efficiencies of the hardware "
+                                      "card or roofline); servesim's steps take at most 70.4 s"),
     ("simulation.max_time_s=1.0e+300", "simulation.max_time_s: expected at most 4.61e+06 s (~53 days), the engine's "
                                        "clock (got 1e+300)"),
 ])
