@@ -206,3 +206,112 @@ def test_a_workload_that_is_not_one_gets_a_plain_message(tmp_path, capsys, overr
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
     err = capsys.readouterr().err
     assert err == f"servesim: error: {cfg}: {message}\n", err
+
+
+# the files of an earlier command in --out that a failed rerun of the same command must remove
+EARLIER_OUTPUTS = {
+    "capacity": ["capacity.csv", "slo_attainment.csv", "slo_attainment.png"],
+    "tune-k": ["tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv"],
+    "sweep": ["summary.csv", "speedup.csv"],
+    "run": ["summary.json", "requests.csv", "steps.csv", "latency.png"],
+}
+
+
+def _earlier_outputs(out, command):
+    """An --out holding an earlier ``command``'s outputs, a user's own file and (sweep) a stored run."""
+    out.mkdir()
+    for name in EARLIER_OUTPUTS[command]:
+        (out / name).write_text("an earlier run\n")
+    (out / "notes.txt").write_text("mine\n")
+    (out / "points").mkdir()
+    (out / "points" / "abc-r0.json").write_text("{}\n")  # a sweep's stored run: kept, a rerun resumes
+
+
+def _argv(tmp_path, command, *extra):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    if command == "sweep":
+        cfg = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 16]}})
+        return ["sweep", str(cfg), *extra]
+    if command == "capacity":
+        return ["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--max-rate", "8", *extra]
+    if command == "tune-k":
+        return ["tune-k", str(cfg), "--batch-sizes", "1,2", *extra]
+    return ["run", str(cfg), "--no-plot", *extra]
+
+
+@pytest.mark.parametrize("command", ["capacity", "tune-k", "sweep", "run"])
+def test_a_rerun_with_a_config_mistake_removes_the_earlier_outputs(tmp_path, capsys, command):
+    out = tmp_path / "out"
+    _earlier_outputs(out, command)
+    if command == "sweep":  # a sweep has no --set: the typo is in its grid
+        argv = _argv(tmp_path, command, "--out", str(out))
+        write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seq": [8, 16]}})
+    else:
+        argv = _argv(tmp_path, command, "--set", "engine.max_num_seq=3", "--out", str(out))
+    assert main(argv) == 2
+    assert "engine.max_num_seq: unknown key" in capsys.readouterr().err
+    # the earlier tables would look like the results of the command that just failed
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points"]
+    assert [p.name for p in (out / "points").iterdir()] == ["abc-r0.json"]
+
+
+@pytest.mark.parametrize("command", ["capacity", "tune-k", "sweep", "run"])
+def test_ctrl_c_while_the_config_loads_removes_the_earlier_outputs(tmp_path, monkeypatch, capsys, command):
+    import servesim.config.models
+    import servesim.sweep.spec
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(servesim.config.models, "load_config", interrupted)
+    monkeypatch.setattr(servesim.sweep.spec, "load_sweep", interrupted)
+    out = tmp_path / "out"
+    _earlier_outputs(out, command)
+    assert main(_argv(tmp_path, command, "--out", str(out))) == 130
+    assert capsys.readouterr().err == "servesim: interrupted\n"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points"]
+
+
+def test_a_failure_leaves_a_missing_out_missing(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_argv(tmp_path, "capacity", "--slo", "ttft_p77=0.5", "--out", str(out))) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: --slo: unknown statistic 'p77'")
+    assert not out.exists()
+
+
+def test_the_sweep_command_removes_the_runners_tables():
+    import servesim.cli.sweep
+    from servesim.sweep.runner import SWEEP_TABLES
+
+    assert servesim.cli.sweep.OUTPUTS == SWEEP_TABLES
+
+
+def test_ctrl_c_while_the_command_line_is_parsed_is_one_line(tmp_path, monkeypatch, capsys):
+    import servesim.cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(servesim.cli, "build_parser", interrupted)
+    try:
+        status = main(["run", "c.yaml", "--out", str(tmp_path / "o")])
+    except KeyboardInterrupt:  # not let through to pytest, which would stop the whole session
+        pytest.fail("Ctrl-C while parsing the command line came out of main() as a traceback")
+    assert status == 130
+    assert capsys.readouterr().err == "servesim: interrupted\n"
+
+
+def test_sigterm_while_the_command_line_is_parsed_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    # in a child process: without servesim's handler SIGTERM would kill the test run itself
+    code = ("import os, signal, sys\n"
+            "import servesim.cli as cli\n"
+            "def parsing(argv):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    raise AssertionError('SIGTERM was not delivered')\n"
+            "cli.build_parser = parsing\n"
+            "sys.exit(cli.main(['run', 'c.yaml', '--out', 'o']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (143, "servesim: terminated (SIGTERM)\n")

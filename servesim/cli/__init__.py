@@ -83,15 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     """
     if argv is None:
         argv = sys.argv[1:]
-    parser, modules = build_parser(argv)
-    args = parser.parse_args(argv)
-    if _empty_out(argv):  # type=Path would turn '' into '.', the current folder
-        print("servesim: error: --out: empty folder name (expected a folder path)", file=sys.stderr)
-        return 2
+    # SIGTERM and Ctrl-C while the command line is parsed (the command's module is imported then) get the
+    # same one line as during the command, not a traceback
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
+        parser, modules = build_parser(argv)
+        args = parser.parse_args(argv)
+        if _empty_out(argv):  # type=Path would turn '' into '.', the current folder
+            print("servesim: error: --out: empty folder name (expected a folder path)", file=sys.stderr)
+            return 2
         return _run(modules[args.command], args)
+    except Terminated:
+        print("servesim: terminated (SIGTERM)", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print("servesim: interrupted", file=sys.stderr)
+        return 130
     finally:
         if in_main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
@@ -104,10 +112,17 @@ def _empty_out(argv: list[str]) -> bool:
 
 
 def _run(module, args: argparse.Namespace) -> int:
+    """Run ``module.run(args)``; a user error becomes one line on stderr and status 2.
+
+    A command that fails or is interrupted at any point (a mistake in its config, Ctrl-C while it still
+    imports or loads) removes the files ``module.OUTPUTS`` that an earlier command left in an existing
+    ``--out``: none may stay there looking like the result of the command that failed.
+    """
     from servesim.errors import ServesimError
 
     try:
-        return int(module.run(args) or 0)
+        with _replacing_earlier_outputs(getattr(args, "out", None), getattr(module, "OUTPUTS", ())):
+            return int(module.run(args) or 0)
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
@@ -115,12 +130,19 @@ def _run(module, args: argparse.Namespace) -> int:
         # e.g. --out names an existing file: a user mistake, said in one line
         print(f"servesim: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 2
-    except Terminated:
-        print("servesim: terminated (SIGTERM)", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("servesim: interrupted", file=sys.stderr)
-        return 130
+
+
+def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):
+    """:func:`servesim.atomic.replacing_outputs` over ``names`` in ``out`` when ``out`` is an existing folder
+    (nothing to remove otherwise: a missing folder is not created, a file is refused by the command)."""
+    import contextlib
+    from pathlib import Path
+
+    if not names or out is None or not str(out).strip() or not Path(out).is_dir():
+        return contextlib.nullcontext()
+    from servesim.atomic import replacing_outputs
+
+    return replacing_outputs(out, names)
 
 
 if __name__ == "__main__":  # pragma: no cover

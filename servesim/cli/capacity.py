@@ -22,6 +22,8 @@ from pathlib import Path
 
 #: Files ``servesim capacity`` writes into ``--out``.
 CAPACITY_OUTPUTS = ("capacity.csv", "slo_attainment.csv", "slo_attainment.png")
+#: What a failed or interrupted command removes from an existing ``--out`` (:func:`servesim.cli.main`).
+OUTPUTS = CAPACITY_OUTPUTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,6 +18,8 @@ from typing import Any
 
 #: Files ``servesim run`` writes into ``--out``.
 RUN_OUTPUTS = ("summary.json", "requests.csv", "steps.csv", "latency.png")
+#: What a failed or interrupted command removes from an existing ``--out`` (:func:`servesim.cli.main`).
+OUTPUTS = RUN_OUTPUTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

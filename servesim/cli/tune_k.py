@@ -22,6 +22,8 @@ from pathlib import Path
 
 #: Files ``servesim tune-k`` writes into ``--out``.
 TUNE_K_OUTPUTS = ("tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv")
+#: What a failed or interrupted command removes from an existing ``--out`` (:func:`servesim.cli.main`).
+OUTPUTS = TUNE_K_OUTPUTS
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -32,6 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 #: Files ``servesim validate`` writes into ``--out``.
 VALIDATE_OUTPUTS = ("validation.csv", "validation.png")
+#: What a failed or interrupted command removes from an existing ``--out`` (:func:`servesim.cli.main`).
+OUTPUTS = VALIDATE_OUTPUTS
 
 
 def run(args: argparse.Namespace) -> int:
