@@ -315,3 +315,20 @@ def test_sigterm_while_the_command_line_is_parsed_is_one_line(tmp_path):
             "sys.exit(cli.main(['run', 'c.yaml', '--out', 'o']))\n")
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert (proc.returncode, proc.stderr) == (143, "servesim: terminated (SIGTERM)\n")
+
+
+@pytest.mark.parametrize(("first", "second"), [("run", "sweep"), ("sweep", "run"), ("run", "capacity"),
+                                               ("capacity", "tune-k")])
+def test_one_out_for_two_commands_is_refused(tmp_path, capsys, first, second):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in EARLIER_OUTPUTS[first]:
+        (out / name).write_text(f"results of servesim {first}\n")
+    assert main(_argv(tmp_path, second, "--out", str(out))) == 2
+    err = capsys.readouterr().err
+    found = ", ".join(EARLIER_OUTPUTS[first])
+    assert err == (f"servesim: error: --out: {out} holds the results of `servesim {first}` ({found}); "
+                   f"give `servesim {second}` another folder, or remove them first\n")
+    # the first command's files are kept, and the second wrote nothing beside them
+    assert sorted(p.name for p in out.iterdir()) == sorted(EARLIER_OUTPUTS[first])
+    assert all(p.read_text() == f"results of servesim {first}\n" for p in out.iterdir())

@@ -120,8 +120,11 @@ def _run(module, args: argparse.Namespace) -> int:
     """
     from servesim.errors import ServesimError
 
+    out = getattr(args, "out", None)
     try:
-        with _replacing_earlier_outputs(getattr(args, "out", None), getattr(module, "OUTPUTS", ())):
+        if getattr(module, "OUTPUTS", ()):
+            _check_no_other_results(args.command, out)
+        with _replacing_earlier_outputs(out, getattr(module, "OUTPUTS", ())):
             return int(module.run(args) or 0)
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
@@ -130,6 +133,31 @@ def _run(module, args: argparse.Namespace) -> int:
         # e.g. --out names an existing file: a user mistake, said in one line
         print(f"servesim: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 2
+
+
+def _check_no_other_results(command: str, out: object) -> None:
+    """Refuse an ``--out`` folder that holds another command's results (its ``OUTPUTS``).
+
+    Two commands writing into one folder would leave the first one's files (a run's ``summary.json``
+    beside a sweep's ``summary.csv``) looking like results of the second; neither is removed for the
+    other (a sweep's stored runs may be hours of work).
+
+    Raises:
+        ConfigError: one line naming the folder, the other command and its files found there.
+    """
+    from pathlib import Path
+
+    from servesim.errors import ConfigError
+
+    if out is None or not str(out).strip() or not Path(out).is_dir():
+        return
+    for name, (module_name, _) in _available().items():
+        if name == command:
+            continue
+        found = [f for f in getattr(importlib.import_module(module_name), "OUTPUTS", ()) if (Path(out) / f).exists()]
+        if found:
+            raise ConfigError(f"--out: {out} holds the results of `servesim {name}` ({', '.join(found)}); "
+                              f"give `servesim {command}` another folder, or remove them first")
 
 
 def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):
