@@ -332,3 +332,43 @@ def test_one_out_for_two_commands_is_refused(tmp_path, capsys, first, second):
     # the first command's files are kept, and the second wrote nothing beside them
     assert sorted(p.name for p in out.iterdir()) == sorted(EARLIER_OUTPUTS[first])
     assert all(p.read_text() == f"results of servesim {first}\n" for p in out.iterdir())
+
+
+def test_every_help_example_parses_and_names_files_that_exist(capsys):
+    import shlex
+    from pathlib import Path
+
+    from servesim.cli import EXAMPLES, build_parser
+
+    root = Path(__file__).resolve().parents[1]
+    assert set(EXAMPLES) >= {None, "run", "sweep", "plot", "capacity", "tune-k"}
+    for command, lines in EXAMPLES.items():
+        for line in lines:
+            for part in line.split(" && "):
+                argv = shlex.split(part)
+                assert argv[0] == "servesim"
+                if argv[1] == "COMMAND":
+                    continue
+                assert command in (None, argv[1]), line  # a command's examples are of that command
+                parser, _ = build_parser(argv[1:])
+                args = parser.parse_args(argv[1:])  # an unknown option or a bad value would exit here
+                for value in vars(args).values():
+                    if isinstance(value, (str, Path)) and str(value).startswith(("experiments/", "tests/")):
+                        assert (root / value).exists(), f"{line}: {value} does not exist"
+    parser, _ = build_parser(None)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    assert "examples:\n  servesim run experiments/azure-conv-llama8b-h100.yaml" in capsys.readouterr().out
+
+
+def test_help_states_the_defaults_that_are_not_obvious(capsys):
+    from servesim.analysis.capacity import MAX_RATE_STEPS
+    from servesim.cli import build_parser
+
+    for argv, text in ((["run", "--help"], "default: the config's seed"),
+                       (["capacity", "--help"], f"default: no limit, at most {MAX_RATE_STEPS} doublings"),
+                       (["capacity", "--help"], "(default: not required)")):
+        parser, _ = build_parser(argv)
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        assert text in " ".join(capsys.readouterr().out.split()), argv

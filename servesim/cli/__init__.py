@@ -29,6 +29,53 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: Examples printed under ``servesim --help`` and ``servesim COMMAND --help`` (run from a clone's root;
+#: tests/test_user_mistakes.py parses each one and checks that the files it names exist).
+EXAMPLES: dict[str | None, list[str]] = {
+    None: [
+        "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/azure-conv",
+        "servesim sweep experiments/when-speculation-hurts.yaml --out out/when-hurts && "
+        "servesim plot out/when-hurts",
+        "servesim capacity experiments/capacity/azure-conv-llama8b-h100.yaml --slo ttft_p99=0.5 "
+        "--slo tpot_p99=0.05 --max-requests 3000 --replications 1 --out out/capacity",
+        "servesim COMMAND --help",
+    ],
+    "run": [
+        "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/azure-conv",
+        "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/azure-4x --set workload.rate_scale=4 "
+        "--no-plot",
+        "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/eagle "
+        "--speculative-config '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'",
+    ],
+    "sweep": [
+        "servesim sweep experiments/seed/example12.yaml --out out/example12 --jobs 2",
+    ],
+    "plot": [
+        "servesim plot out/example12 --slo ttft_p99=0.5",
+    ],
+    "capacity": [
+        "servesim capacity experiments/capacity/azure-conv-llama8b-h100.yaml --slo ttft_p99=0.5 "
+        "--slo tpot_p99=0.05 --max-requests 3000 --replications 1 --out out/capacity",
+        "servesim capacity experiments/capacity/azure-conv-llama8b-h100.yaml --slo ttft_p99=0.5 "
+        "--replicas 20 --max-requests 3000 --replications 1 --out out/replicas",
+    ],
+    "tune-k": [
+        "servesim tune-k experiments/tune-k/llama8b-h100-eagle.yaml --jobs 2 --out out/tune-k",
+    ],
+    "validate": [
+        "servesim validate --fast --out out/validation",
+    ],
+    "check-draft": [
+        "servesim check-draft tests/data/vocab/target tests/data/vocab/draft-padded",
+    ],
+}
+
+
+def _epilog(command: str | None) -> str | None:
+    examples = EXAMPLES.get(command)
+    return None if not examples else "examples:\n" + "\n".join(f"  {line}" for line in examples)
+
+
 def _available() -> dict[str, tuple[str, str]]:
     found = {}
     for name, (module, help_) in COMMANDS.items():
@@ -47,6 +94,8 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     parser = argparse.ArgumentParser(
         prog="servesim",
         description="Simulate an LLM inference server (vLLM-style) and report TTFT, TPOT, ITL, throughput.",
+        epilog=_epilog(None),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     from servesim import __version__
 
@@ -58,7 +107,8 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     if argv:
         wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_) in _available().items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, epilog=_epilog(name),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if wanted is None or wanted == name:
             module = importlib.import_module(module_name)
             module.add_arguments(p)
