@@ -372,3 +372,16 @@ def test_help_states_the_defaults_that_are_not_obvious(capsys):
         with pytest.raises(SystemExit):
             parser.parse_args(argv)
         assert text in " ".join(capsys.readouterr().out.split()), argv
+
+
+def test_a_sweep_file_given_to_run_and_a_run_config_given_to_sweep_are_named(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 16]}})
+    assert main(["run", str(sweep), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {sweep}: a sweep file (base, grid/zip/variants), not a "
+                                       "run config: give it to `servesim sweep`, or give this command its base "
+                                       "run config\n")
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {cfg}: a run config (hardware, model, workload), not a "
+                                       "sweep file: give it to `servesim run`, or name it as a sweep file's base\n")
+    assert not (tmp_path / "o").exists()
