@@ -280,10 +280,10 @@ def test_a_failure_leaves_a_missing_out_missing(tmp_path, capsys):
 
 
 def test_the_sweep_command_removes_the_runners_tables():
-    import servesim.cli.sweep
+    from servesim.cli import COMMAND_OUTPUTS
     from servesim.sweep.runner import SWEEP_TABLES
 
-    assert servesim.cli.sweep.OUTPUTS == SWEEP_TABLES
+    assert COMMAND_OUTPUTS["sweep"] == SWEEP_TABLES
 
 
 def test_ctrl_c_while_the_command_line_is_parsed_is_one_line(tmp_path, monkeypatch, capsys):

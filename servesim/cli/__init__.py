@@ -29,6 +29,19 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The files each command writes into its ``--out`` folder: a failed or interrupted command removes its own
+#: from an existing ``--out`` (an earlier result must not look like its own), and refuses a folder that
+#: holds another command's (:func:`main`). A table here, not read off the modules: importing every
+#: command's module would load what ``servesim run`` does not need. The sweep's are
+#: :data:`servesim.sweep.runner.SWEEP_TABLES`; its stored runs in ``points/`` stay, so that a rerun resumes.
+COMMAND_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "run": ("summary.json", "requests.csv", "steps.csv", "latency.png"),
+    "sweep": ("summary.csv", "speedup.csv"),
+    "capacity": ("capacity.csv", "slo_attainment.csv", "slo_attainment.png"),
+    "tune-k": ("tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv"),
+    "validate": ("validation.csv", "validation.png"),
+}
+
 #: Examples printed under ``servesim --help`` and ``servesim COMMAND --help`` (run from a clone's root;
 #: tests/test_user_mistakes.py parses each one and checks that the files it names exist).
 EXAMPLES: dict[str | None, list[str]] = {
@@ -165,16 +178,17 @@ def _run(module, args: argparse.Namespace) -> int:
     """Run ``module.run(args)``; a user error becomes one line on stderr and status 2.
 
     A command that fails or is interrupted at any point (a mistake in its config, Ctrl-C while it still
-    imports or loads) removes the files ``module.OUTPUTS`` that an earlier command left in an existing
+    imports or loads) removes the files :data:`COMMAND_OUTPUTS` names that an earlier command left in an existing
     ``--out``: none may stay there looking like the result of the command that failed.
     """
     from servesim.errors import ServesimError
 
     out = getattr(args, "out", None)
     try:
-        if getattr(module, "OUTPUTS", ()):
+        own = COMMAND_OUTPUTS.get(args.command, ())
+        if own:
             _check_no_other_results(args.command, out)
-        with _replacing_earlier_outputs(out, getattr(module, "OUTPUTS", ())):
+        with _replacing_earlier_outputs(out, own):
             return int(module.run(args) or 0)
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
@@ -201,10 +215,10 @@ def _check_no_other_results(command: str, out: object) -> None:
 
     if out is None or not str(out).strip() or not Path(out).is_dir():
         return
-    for name, (module_name, _) in _available().items():
+    for name, outputs in COMMAND_OUTPUTS.items():
         if name == command:
             continue
-        found = [f for f in getattr(importlib.import_module(module_name), "OUTPUTS", ()) if (Path(out) / f).exists()]
+        found = [f for f in outputs if (Path(out) / f).exists()]
         if found:
             raise ConfigError(f"--out: {out} holds the results of `servesim {name}` ({', '.join(found)}); "
                               f"give `servesim {command}` another folder, or remove them first")

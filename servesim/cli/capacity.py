@@ -19,11 +19,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from servesim.cli import COMMAND_OUTPUTS
+
 
 #: Files ``servesim capacity`` writes into ``--out``.
-CAPACITY_OUTPUTS = ("capacity.csv", "slo_attainment.csv", "slo_attainment.png")
-#: What a failed or interrupted command removes from an existing ``--out`` (:func:`servesim.cli.main`).
-OUTPUTS = CAPACITY_OUTPUTS
+CAPACITY_OUTPUTS = COMMAND_OUTPUTS["capacity"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

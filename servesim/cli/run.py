@@ -15,11 +15,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from servesim.cli import COMMAND_OUTPUTS
+
 
 #: Files ``servesim run`` writes into ``--out``.
-RUN_OUTPUTS = ("summary.json", "requests.csv", "steps.csv", "latency.png")
-#: What a failed or interrupted command removes from an existing ``--out`` (:func:`servesim.cli.main`).
-OUTPUTS = RUN_OUTPUTS
+RUN_OUTPUTS = COMMAND_OUTPUTS["run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -15,11 +15,6 @@ import sys
 #: Runs (points x replications) a sweep may have without ``--yes``.
 MAX_RUNS_WITHOUT_YES = 10_000
 
-#: The tables a failed or interrupted sweep removes from an existing ``--out`` (:func:`servesim.cli.main`):
-#: :data:`servesim.sweep.runner.SWEEP_TABLES`, not imported here (the runner imports pandas). The stored
-#: runs in ``points/`` stay, so that a rerun resumes.
-OUTPUTS = ("summary.csv", "speedup.csv")
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``sweep`` command's arguments to ``parser``."""

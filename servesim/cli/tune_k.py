@@ -19,11 +19,11 @@ import argparse
 import json
 from pathlib import Path
 
+from servesim.cli import COMMAND_OUTPUTS
+
 
 #: Files ``servesim tune-k`` writes into ``--out``.
-TUNE_K_OUTPUTS = ("tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv")
-#: What a failed or interrupted command removes from an existing ``--out`` (:func:`servesim.cli.main`).
-OUTPUTS = TUNE_K_OUTPUTS
+TUNE_K_OUTPUTS = COMMAND_OUTPUTS["tune-k"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from servesim.cli import COMMAND_OUTPUTS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``validate`` options to ``parser``."""
@@ -31,9 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 #: Files ``servesim validate`` writes into ``--out``.
-VALIDATE_OUTPUTS = ("validation.csv", "validation.png")
-#: What a failed or interrupted command removes from an existing ``--out`` (:func:`servesim.cli.main`).
-OUTPUTS = VALIDATE_OUTPUTS
+VALIDATE_OUTPUTS = COMMAND_OUTPUTS["validate"]
 
 
 def run(args: argparse.Namespace) -> int:
