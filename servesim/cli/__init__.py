@@ -43,7 +43,7 @@ COMMAND_OUTPUTS: dict[str, tuple[str, ...]] = {
 }
 
 #: Examples printed under ``servesim --help`` and ``servesim COMMAND --help`` (run from a clone's root;
-#: tests/test_user_mistakes.py parses each one and checks that the files it names exist).
+#: tests/test_user_mistakes_outputs.py parses each one and checks that the files it names exist).
 EXAMPLES: dict[str | None, list[str]] = {
     None: [
         "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/azure-conv",
@@ -157,15 +157,18 @@ def main(argv: list[str] | None = None) -> int:
             print("servesim: error: --out: empty folder name (expected a folder path)", file=sys.stderr)
             return 2
         return _run(modules[args.command], args)
-    except Terminated:
-        print("servesim: terminated (SIGTERM)", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("servesim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # while the command line is parsed; the command's own are _run's
+        return _interrupted(exc)
     finally:
         if in_main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Say in one line on stderr that Ctrl-C or SIGTERM stopped servesim; return the exit status."""
+    terminated = isinstance(exc, Terminated)
+    print("servesim: terminated (SIGTERM)" if terminated else "servesim: interrupted", file=sys.stderr)
+    return 143 if terminated else 130
 
 
 def _empty_out(argv: list[str]) -> bool:
@@ -197,6 +200,12 @@ def _run(module, args: argparse.Namespace) -> int:
         # e.g. --out names an existing file: a user mistake, said in one line
         print(f"servesim: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
         return 2
+    except Terminated:
+        print("servesim: terminated (SIGTERM)", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print("servesim: interrupted", file=sys.stderr)
+        return 130
 
 
 def _check_no_other_results(command: str, out: object) -> None:
