@@ -29,6 +29,66 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+#: The files each command writes into its ``--out`` folder: a failed or interrupted command removes its own
+#: from an existing ``--out`` (an earlier result must not look like its own), and refuses a folder that
+#: holds another command's (:func:`main`). A table here, not read off the modules: importing every
+#: command's module would load what ``servesim run`` does not need. The sweep's are
+#: :data:`servesim.sweep.runner.SWEEP_TABLES`; its stored runs in ``points/`` stay, so that a rerun resumes.
+COMMAND_OUTPUTS: dict[str, tuple[str, ...]] = {
+    "run": ("summary.json", "requests.csv", "steps.csv", "latency.png"),
+    "sweep": ("summary.csv", "speedup.csv"),
+    "capacity": ("capacity.csv", "slo_attainment.csv", "slo_attainment.png"),
+    "tune-k": ("tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv"),
+    "validate": ("validation.csv", "validation.png"),
+}
+
+#: Examples printed under ``servesim --help`` and ``servesim COMMAND --help`` (run from a clone's root;
+#: tests/test_user_mistakes_outputs.py parses each one and checks that the files it names exist).
+EXAMPLES: dict[str | None, list[str]] = {
+    None: [
+        "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/azure-conv",
+        "servesim sweep experiments/when-speculation-hurts.yaml --out out/when-hurts && "
+        "servesim plot out/when-hurts",
+        "servesim capacity experiments/capacity/azure-conv-llama8b-h100.yaml --slo ttft_p99=0.5 "
+        "--slo tpot_p99=0.05 --max-requests 3000 --replications 1 --out out/capacity",
+        "servesim COMMAND --help",
+    ],
+    "run": [
+        "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/azure-conv",
+        "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/azure-4x --set workload.rate_scale=4 "
+        "--no-plot",
+        "servesim run experiments/azure-conv-llama8b-h100.yaml --out out/eagle "
+        "--speculative-config '{\"method\": \"eagle\", \"num_speculative_tokens\": 3}'",
+    ],
+    "sweep": [
+        "servesim sweep experiments/seed/example12.yaml --out out/example12 --jobs 2",
+    ],
+    "plot": [
+        "servesim plot out/example12 --slo ttft_p99=0.5",
+    ],
+    "capacity": [
+        "servesim capacity experiments/capacity/azure-conv-llama8b-h100.yaml --slo ttft_p99=0.5 "
+        "--slo tpot_p99=0.05 --max-requests 3000 --replications 1 --out out/capacity",
+        "servesim capacity experiments/capacity/azure-conv-llama8b-h100.yaml --slo ttft_p99=0.5 "
+        "--replicas 20 --max-requests 3000 --replications 1 --out out/replicas",
+    ],
+    "tune-k": [
+        "servesim tune-k experiments/tune-k/llama8b-h100-eagle.yaml --jobs 2 --out out/tune-k",
+    ],
+    "validate": [
+        "servesim validate --fast --out out/validation",
+    ],
+    "check-draft": [
+        "servesim check-draft tests/data/vocab/target tests/data/vocab/draft-padded",
+    ],
+}
+
+
+def _epilog(command: str | None) -> str | None:
+    examples = EXAMPLES.get(command)
+    return None if not examples else "examples:\n" + "\n".join(f"  {line}" for line in examples)
+
+
 def _available() -> dict[str, tuple[str, str]]:
     found = {}
     for name, (module, help_) in COMMANDS.items():
@@ -47,6 +107,8 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     parser = argparse.ArgumentParser(
         prog="servesim",
         description="Simulate an LLM inference server (vLLM-style) and report TTFT, TPOT, ITL, throughput.",
+        epilog=_epilog(None),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     from servesim import __version__
 
@@ -58,7 +120,8 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     if argv:
         wanted = next((a for a in argv if not a.startswith("-")), None)
     for name, (module_name, help_) in _available().items():
-        p = sub.add_parser(name, help=help_, description=help_)
+        p = sub.add_parser(name, help=help_, description=help_, epilog=_epilog(name),
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         if wanted is None or wanted == name:
             module = importlib.import_module(module_name)
             module.add_arguments(p)
@@ -83,18 +146,29 @@ def main(argv: list[str] | None = None) -> int:
     """
     if argv is None:
         argv = sys.argv[1:]
-    parser, modules = build_parser(argv)
-    args = parser.parse_args(argv)
-    if _empty_out(argv):  # type=Path would turn '' into '.', the current folder
-        print("servesim: error: --out: empty folder name (expected a folder path)", file=sys.stderr)
-        return 2
+    # SIGTERM and Ctrl-C while the command line is parsed (the command's module is imported then) get the
+    # same one line as during the command, not a traceback
     in_main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
+        parser, modules = build_parser(argv)
+        args = parser.parse_args(argv)
+        if _empty_out(argv):  # type=Path would turn '' into '.', the current folder
+            print("servesim: error: --out: empty folder name (expected a folder path)", file=sys.stderr)
+            return 2
         return _run(modules[args.command], args)
+    except KeyboardInterrupt as exc:  # while the command line is parsed; the command's own are _run's
+        return _interrupted(exc)
     finally:
         if in_main_thread and previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def _interrupted(exc: KeyboardInterrupt) -> int:
+    """Say in one line on stderr that Ctrl-C or SIGTERM stopped servesim; return the exit status."""
+    terminated = isinstance(exc, Terminated)
+    print("servesim: terminated (SIGTERM)" if terminated else "servesim: interrupted", file=sys.stderr)
+    return 143 if terminated else 130
 
 
 def _empty_out(argv: list[str]) -> bool:
@@ -104,10 +178,21 @@ def _empty_out(argv: list[str]) -> bool:
 
 
 def _run(module, args: argparse.Namespace) -> int:
+    """Run ``module.run(args)``; a user error becomes one line on stderr and status 2.
+
+    A command that fails or is interrupted at any point (a mistake in its config, Ctrl-C while it still
+    imports or loads) removes the files :data:`COMMAND_OUTPUTS` names that an earlier command left in an existing
+    ``--out``: none may stay there looking like the result of the command that failed.
+    """
     from servesim.errors import ServesimError
 
+    out = getattr(args, "out", None)
     try:
-        return int(module.run(args) or 0)
+        own = COMMAND_OUTPUTS.get(args.command, ())
+        if own:
+            _check_no_other_results(args.command, out)
+        with _replacing_earlier_outputs(out, own):
+            return int(module.run(args) or 0)
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
@@ -126,6 +211,44 @@ def _run(module, args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("servesim: interrupted", file=sys.stderr)
         return 130
+
+
+def _check_no_other_results(command: str, out: object) -> None:
+    """Refuse an ``--out`` folder that holds another command's results (its ``OUTPUTS``).
+
+    Two commands writing into one folder would leave the first one's files (a run's ``summary.json``
+    beside a sweep's ``summary.csv``) looking like results of the second; neither is removed for the
+    other (a sweep's stored runs may be hours of work).
+
+    Raises:
+        ConfigError: one line naming the folder, the other command and its files found there.
+    """
+    from pathlib import Path
+
+    from servesim.errors import ConfigError
+
+    if out is None or not str(out).strip() or not Path(out).is_dir():
+        return
+    for name, outputs in COMMAND_OUTPUTS.items():
+        if name == command:
+            continue
+        found = [f for f in outputs if (Path(out) / f).exists()]
+        if found:
+            raise ConfigError(f"--out: {out} holds the results of `servesim {name}` ({', '.join(found)}); "
+                              f"give `servesim {command}` another folder, or remove them first")
+
+
+def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):
+    """:func:`servesim.atomic.replacing_outputs` over ``names`` in ``out`` when ``out`` is an existing folder
+    (nothing to remove otherwise: a missing folder is not created, a file is refused by the command)."""
+    import contextlib
+    from pathlib import Path
+
+    if not names or out is None or not str(out).strip() or not Path(out).is_dir():
+        return contextlib.nullcontext()
+    from servesim.atomic import replacing_outputs
+
+    return replacing_outputs(out, names)
 
 
 if __name__ == "__main__":  # pragma: no cover

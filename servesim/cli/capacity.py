@@ -19,9 +19,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from servesim.cli import COMMAND_OUTPUTS
+
 
 #: Files ``servesim capacity`` writes into ``--out``.
-CAPACITY_OUTPUTS = ("capacity.csv", "slo_attainment.csv", "slo_attainment.png")
+CAPACITY_OUTPUTS = COMMAND_OUTPUTS["capacity"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,12 +33,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="objective, e.g. ttft_p99=0.5 or tpot_p99=0.05 (repeatable; metrics ttft, tpot, itl, "
                              "e2e, queue; stats mean, p50, p90, p95, p99)")
     parser.add_argument("--goodput-share", type=float, default=None, metavar="S",
-                        help="also require the mean SLO attainment (share of good requests) >= S")
+                        help="also require the mean SLO attainment (share of good requests) >= S (default: not required)")
     parser.add_argument("--replicas", type=float, default=None, metavar="TARGET_RATE",
                         help="find the fewest replicas that serve TARGET_RATE requests/s within the SLOs")
     parser.add_argument("--replications", type=int, default=3, metavar="N", help="runs per point (default 3)")
     parser.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance of the rate (default 0.05)")
-    parser.add_argument("--max-rate", type=float, default=None, metavar="R", help="highest rate tried (requests/s)")
+    parser.add_argument("--max-rate", type=float, default=None, metavar="R", help="highest rate tried (requests/s; default: no limit, at most 20 doublings of the "
+                        "config's rate)")
     parser.add_argument("--max-replicas", type=int, default=64, metavar="N", help="most replicas tried (default 64)")
     parser.add_argument("--max-requests", type=int, default=None, metavar="N",
                         help="cap the requests of each run (trace max_requests, or num_requests)")

@@ -15,15 +15,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from servesim.cli import COMMAND_OUTPUTS
+
 
 #: Files ``servesim run`` writes into ``--out``.
-RUN_OUTPUTS = ("summary.json", "requests.csv", "steps.csv", "latency.png")
+RUN_OUTPUTS = COMMAND_OUTPUTS["run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("config", help="run config (YAML)")
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
-    parser.add_argument("--seed", type=_seed, default=None, help="override the config's seed (integer >= 0)")
+    parser.add_argument("--seed", type=_seed, default=None, help="override the config's seed (integer >= 0; default: the config's seed, 0 if it has none)")
     parser.add_argument(
         "--set",
         dest="overrides",

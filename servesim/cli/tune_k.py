@@ -19,9 +19,11 @@ import argparse
 import json
 from pathlib import Path
 
+from servesim.cli import COMMAND_OUTPUTS
+
 
 #: Files ``servesim tune-k`` writes into ``--out``.
-TUNE_K_OUTPUTS = ("tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv")
+TUNE_K_OUTPUTS = COMMAND_OUTPUTS["tune-k"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from servesim.cli import COMMAND_OUTPUTS
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``validate`` options to ``parser``."""
@@ -31,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 #: Files ``servesim validate`` writes into ``--out``.
-VALIDATE_OUTPUTS = ("validation.csv", "validation.png")
+VALIDATE_OUTPUTS = COMMAND_OUTPUTS["validate"]
 
 
 def run(args: argparse.Namespace) -> int:

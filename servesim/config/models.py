@@ -266,6 +266,11 @@ def load_config(
         from servesim.errors import ConfigError
 
         raise ConfigError(f"{p}: expected a mapping of config keys at the top level")
+    if data and "base" in data and "hardware" not in data and {"grid", "zip", "variants"} & set(data):
+        from servesim.errors import ConfigError
+
+        raise ConfigError(f"{p}: a sweep file (base, grid/zip/variants), not a run config: give it to "
+                          "`servesim sweep`, or give this command its base run config")
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
         data = set_dotted(data or {}, key, value)

@@ -197,5 +197,8 @@ def load_sweep(path: str | Path) -> LoadedSweep:
     """
     path = Path(path)
     data = load_yaml(path)
+    if isinstance(data, dict) and "base" not in data and {"hardware", "model", "workload"} <= set(data):
+        raise ConfigError(f"{path}: a run config (hardware, model, workload), not a sweep file: give it to "
+                          "`servesim run`, or name it as a sweep file's base")
     config = validate(SweepConfig, data, str(path))
     return resolve_sweep(config, path.parent, str(path))

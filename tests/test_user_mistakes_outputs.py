@@ -1,0 +1,191 @@
+"""Regression tests for defects found by trying servesim as a new user: output folders of failed, interrupted
+or mixed commands, interrupts while the command line is parsed, --help examples and defaults, a file of the
+wrong kind."""
+
+from __future__ import annotations
+
+import pytest
+
+from servesim.cli import main
+
+from test_cli import write_yaml
+from test_robustness_cli import SMALL
+
+
+# the files of an earlier command in --out that a failed rerun of the same command must remove
+EARLIER_OUTPUTS = {
+    "capacity": ["capacity.csv", "slo_attainment.csv", "slo_attainment.png"],
+    "tune-k": ["tune_k.json", "tune_k_grid.csv", "tune_k_check.csv", "tune_k.png", "tune_k.csv"],
+    "sweep": ["summary.csv", "speedup.csv"],
+    "run": ["summary.json", "requests.csv", "steps.csv", "latency.png"],
+}
+
+
+def _earlier_outputs(out, command):
+    """An --out holding an earlier ``command``'s outputs, a user's own file and (sweep) a stored run."""
+    out.mkdir()
+    for name in EARLIER_OUTPUTS[command]:
+        (out / name).write_text("an earlier run\n")
+    (out / "notes.txt").write_text("mine\n")
+    (out / "points").mkdir()
+    (out / "points" / "abc-r0.json").write_text("{}\n")  # a sweep's stored run: kept, a rerun resumes
+
+
+def _argv(tmp_path, command, *extra):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    if command == "sweep":
+        cfg = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 16]}})
+        return ["sweep", str(cfg), *extra]
+    if command == "capacity":
+        return ["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--max-rate", "8", *extra]
+    if command == "tune-k":
+        return ["tune-k", str(cfg), "--batch-sizes", "1,2", *extra]
+    return ["run", str(cfg), "--no-plot", *extra]
+
+
+@pytest.mark.parametrize("command", ["capacity", "tune-k", "sweep", "run"])
+def test_a_rerun_with_a_config_mistake_removes_the_earlier_outputs(tmp_path, capsys, command):
+    out = tmp_path / "out"
+    _earlier_outputs(out, command)
+    if command == "sweep":  # a sweep has no --set: the typo is in its grid
+        argv = _argv(tmp_path, command, "--out", str(out))
+        write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seq": [8, 16]}})
+    else:
+        argv = _argv(tmp_path, command, "--set", "engine.max_num_seq=3", "--out", str(out))
+    assert main(argv) == 2
+    assert "engine.max_num_seq: unknown key" in capsys.readouterr().err
+    # the earlier tables would look like the results of the command that just failed
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points"]
+    assert [p.name for p in (out / "points").iterdir()] == ["abc-r0.json"]
+
+
+@pytest.mark.parametrize("command", ["capacity", "tune-k", "sweep", "run"])
+def test_ctrl_c_while_the_config_loads_removes_the_earlier_outputs(tmp_path, monkeypatch, capsys, command):
+    import servesim.config.models
+    import servesim.sweep.spec
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(servesim.config.models, "load_config", interrupted)
+    monkeypatch.setattr(servesim.sweep.spec, "load_sweep", interrupted)
+    out = tmp_path / "out"
+    _earlier_outputs(out, command)
+    assert main(_argv(tmp_path, command, "--out", str(out))) == 130
+    assert capsys.readouterr().err == "servesim: interrupted\n"
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points"]
+
+
+def test_a_failure_leaves_a_missing_out_missing(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(_argv(tmp_path, "capacity", "--slo", "ttft_p77=0.5", "--out", str(out))) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: --slo: unknown statistic 'p77'")
+    assert not out.exists()
+
+
+def test_the_sweep_command_removes_the_runners_tables():
+    from servesim.cli import COMMAND_OUTPUTS
+    from servesim.sweep.runner import SWEEP_TABLES
+
+    assert COMMAND_OUTPUTS["sweep"] == SWEEP_TABLES
+
+
+def test_ctrl_c_while_the_command_line_is_parsed_is_one_line(tmp_path, monkeypatch, capsys):
+    import servesim.cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(servesim.cli, "build_parser", interrupted)
+    try:
+        status = main(["run", "c.yaml", "--out", str(tmp_path / "o")])
+    except KeyboardInterrupt:  # not let through to pytest, which would stop the whole session
+        pytest.fail("Ctrl-C while parsing the command line came out of main() as a traceback")
+    assert status == 130
+    assert capsys.readouterr().err == "servesim: interrupted\n"
+
+
+def test_sigterm_while_the_command_line_is_parsed_is_one_line(tmp_path):
+    import subprocess
+    import sys
+
+    # in a child process: without servesim's handler SIGTERM would kill the test run itself
+    code = ("import os, signal, sys\n"
+            "import servesim.cli as cli\n"
+            "def parsing(argv):\n"
+            "    os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    raise AssertionError('SIGTERM was not delivered')\n"
+            "cli.build_parser = parsing\n"
+            "sys.exit(cli.main(['run', 'c.yaml', '--out', 'o']))\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (proc.returncode, proc.stderr) == (143, "servesim: terminated (SIGTERM)\n")
+
+
+@pytest.mark.parametrize(("first", "second"), [("run", "sweep"), ("sweep", "run"), ("run", "capacity"),
+                                               ("capacity", "tune-k")])
+def test_one_out_for_two_commands_is_refused(tmp_path, capsys, first, second):
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in EARLIER_OUTPUTS[first]:
+        (out / name).write_text(f"results of servesim {first}\n")
+    assert main(_argv(tmp_path, second, "--out", str(out))) == 2
+    err = capsys.readouterr().err
+    found = ", ".join(EARLIER_OUTPUTS[first])
+    assert err == (f"servesim: error: --out: {out} holds the results of `servesim {first}` ({found}); "
+                   f"give `servesim {second}` another folder, or remove them first\n")
+    # the first command's files are kept, and the second wrote nothing beside them
+    assert sorted(p.name for p in out.iterdir()) == sorted(EARLIER_OUTPUTS[first])
+    assert all(p.read_text() == f"results of servesim {first}\n" for p in out.iterdir())
+
+
+def test_every_help_example_parses_and_names_files_that_exist(capsys):
+    import shlex
+    from pathlib import Path
+
+    from servesim.cli import EXAMPLES, build_parser
+
+    root = Path(__file__).resolve().parents[1]
+    assert set(EXAMPLES) >= {None, "run", "sweep", "plot", "capacity", "tune-k"}
+    for command, lines in EXAMPLES.items():
+        for line in lines:
+            for part in line.split(" && "):
+                argv = shlex.split(part)
+                assert argv[0] == "servesim"
+                if argv[1] == "COMMAND":
+                    continue
+                assert command in (None, argv[1]), line  # a command's examples are of that command
+                parser, _ = build_parser(argv[1:])
+                args = parser.parse_args(argv[1:])  # an unknown option or a bad value would exit here
+                for value in vars(args).values():
+                    if isinstance(value, (str, Path)) and str(value).startswith(("experiments/", "tests/")):
+                        assert (root / value).exists(), f"{line}: {value} does not exist"
+    parser, _ = build_parser(None)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    assert "examples:\n  servesim run experiments/azure-conv-llama8b-h100.yaml" in capsys.readouterr().out
+
+
+def test_help_states_the_defaults_that_are_not_obvious(capsys):
+    from servesim.analysis.capacity import MAX_RATE_STEPS
+    from servesim.cli import build_parser
+
+    for argv, text in ((["run", "--help"], "default: the config's seed"),
+                       (["capacity", "--help"], f"default: no limit, at most {MAX_RATE_STEPS} doublings"),
+                       (["capacity", "--help"], "(default: not required)")):
+        parser, _ = build_parser(argv)
+        with pytest.raises(SystemExit):
+            parser.parse_args(argv)
+        assert text in " ".join(capsys.readouterr().out.split()), argv
+
+
+def test_a_sweep_file_given_to_run_and_a_run_config_given_to_sweep_are_named(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 16]}})
+    assert main(["run", str(sweep), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {sweep}: a sweep file (base, grid/zip/variants), not a "
+                                       "run config: give it to `servesim sweep`, or give this command its base "
+                                       "run config\n")
+    assert main(["sweep", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {cfg}: a run config (hardware, model, workload), not a "
+                                       "sweep file: give it to `servesim run`, or name it as a sweep file's base\n")
+    assert not (tmp_path / "o").exists()
