@@ -205,12 +205,8 @@ def _run(module, args: argparse.Namespace) -> int:
         detail = f" ({exc})" if str(exc) else ""
         print(f"servesim: error: not enough memory{detail}: give a smaller workload, grid or trace", file=sys.stderr)
         return 2
-    except Terminated:
-        print("servesim: terminated (SIGTERM)", file=sys.stderr)
-        return 143
-    except KeyboardInterrupt:
-        print("servesim: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
+        return _interrupted(exc)
 
 
 def _check_no_other_results(command: str, out: object) -> None:
