@@ -116,7 +116,7 @@ def test_unknown_card_and_model_that_does_not_fit(tmp_path, capsys):
     assert "h900" in err
     cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, hardware="l4", model="llama-3.1-70b"))
     err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
-    assert "does not fit" in err
+    assert "does not fit" in err and err.startswith(f"servesim: error: {cfg}: tensor_parallel_size: ")
 
 
 def test_bad_set_assignment(tmp_path, capsys):

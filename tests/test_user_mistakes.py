@@ -144,8 +144,8 @@ def test_capacity_refuses_a_multi_turn_workload(tmp_path, capsys):
     out = tmp_path / "out"
     assert main(["run", str(cfg), "--out", str(out), "--no-plot", "--quiet"]) == 0  # a valid workload
     assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--out", str(tmp_path / "cap"), "--quiet"]) == 2
-    assert capsys.readouterr().err == ("servesim: error: workload.type: capacity search needs an open-loop workload "
-                                       "(trace, poisson or gamma), not multi_turn\n")
+    assert capsys.readouterr().err == (f"servesim: error: {cfg}: workload.type: capacity search needs an open-loop "
+                                       "workload (trace, poisson or gamma), not multi_turn\n")
     assert not (tmp_path / "cap").exists() or not any((tmp_path / "cap").iterdir())
 
 

@@ -45,7 +45,7 @@ from typing import Any, Callable
 import numpy as np
 
 from servesim.config.models import SimConfig
-from servesim.errors import ConfigError, naming_settings_of
+from servesim.errors import ConfigError, SettingError, naming_settings_of
 
 METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -192,7 +192,7 @@ def trace_mean_rate(cfg: SimConfig, folder: Path) -> float:
     wl = build_workload(wl_cfg, np.random.default_rng(0), folder)
     t = np.asarray(wl.arrival_s, dtype=np.float64)
     if t.size < 2 or not t[-1] > t[0]:
-        raise ConfigError(f"workload.path: the trace window has no arrival span to define a rate ({t.size} requests)")
+        raise SettingError(f"workload.path: the trace window has no arrival span to define a rate ({t.size} requests)")
     return float((t.size - 1) / (t[-1] - t[0]))
 
 
@@ -200,15 +200,15 @@ class RateAxis:
     """How to set a config's arrival rate (requests/s).
 
     Raises:
-        ConfigError: a closed-loop workload (it has no arrival rate) or a multi-turn one (its ``rate`` is
+        SettingError: a closed-loop workload (it has no arrival rate) or a multi-turn one (its ``rate`` is
             sessions/s, and its turns' arrivals are paced by the think time, not by that rate).
     """
 
     def __init__(self, cfg: SimConfig, folder: Path) -> None:
         kind = cfg.workload.type
         if kind not in ("trace", "poisson", "gamma"):
-            raise ConfigError("workload.type: capacity search needs an open-loop workload (trace, poisson or gamma), "
-                              f"not {kind}")
+            raise SettingError("workload.type: capacity search needs an open-loop workload (trace, poisson or "
+                               f"gamma), not {kind}")
         self.kind = kind
         self.trace_rate = trace_mean_rate(cfg, folder) if kind == "trace" else None
         self.start_rate = (self.trace_rate * cfg.workload.rate_scale) if kind == "trace" else float(cfg.workload.rate)
@@ -259,7 +259,8 @@ class CapacitySearch:
         self.cfg, self.folder, self.slos = cfg, folder, list(slos)
         self.replications, self.goodput_share = replications, goodput_share
         self.simulate, self.progress = simulate, progress
-        self.axis = RateAxis(cfg, folder)
+        with naming_settings_of(cfg.source):  # a workload the search cannot vary names the config file
+            self.axis = RateAxis(cfg, folder)
         self.data = cfg.model_dump(mode="python")
         self.data["slo"] = None
         self.evaluations: list[Evaluation] = []

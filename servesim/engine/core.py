@@ -79,7 +79,7 @@ from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.engine.step_rows import KV_BLOCK_PS_MAX, ROW_SUBPS_MAX, IntLog, StepRow, blocks_of_at_most
-from servesim.errors import ConfigError
+from servesim.errors import SettingError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
 
@@ -491,10 +491,11 @@ class Engine:
         loop for ever. The constructors' capacity checks make this unreachable for valid settings.
 
         Raises:
-            ConfigError: one line naming the stuck request and the settings to change.
+            SettingError: one line naming the stuck request and the settings to change (the config file is
+                put in front by :func:`servesim.simulate`).
         """
         r = self.waiting[0] if self.waiting else next(iter(self.running))
-        raise ConfigError(
+        raise SettingError(
             f"engine: stalled at t={self.now / PS_PER_S:.6f} s: request {r} ({self.prompt_tokens[r]} prompt + "
             f"{self.num_generated[r]} generated tokens) can never be scheduled in a cache of {self.total_blocks} "
             f"blocks of {self.block_size} tokens with max_num_batched_tokens={self.max_num_batched_tokens}: raise "

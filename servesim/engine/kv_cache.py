@@ -17,7 +17,7 @@ per GPU, unless the config gives ``activation_reserve_bytes``. Then
 
 from __future__ import annotations
 
-from servesim.errors import ConfigError
+from servesim.errors import SettingError
 
 GIB = 1024**3
 
@@ -51,7 +51,7 @@ def kv_cache_blocks(
     same block pool (a block then holds both models' KV for its ``block_size`` tokens).
 
     Raises:
-        ConfigError: the weights and activations leave no room for a single block.
+        SettingError: the weights and activations leave no room for a single block.
     """
     if num_gpu_blocks_override is not None:
         return int(num_gpu_blocks_override)
@@ -67,8 +67,8 @@ def kv_cache_blocks(
     per_block = (float(model.kv_bytes_per_token) / tp + extra_kv_bytes_per_token_per_gpu) * block_size
     blocks = int(free // per_block) if per_block > 0 else 0
     if blocks < 1:
-        raise ConfigError(
-            f"{model.name} does not fit on {tensor_parallel_size} x {hardware.name}: weights "
+        raise SettingError(
+            f"tensor_parallel_size: {model.name} does not fit on {tensor_parallel_size} x {hardware.name}: weights "
             f"{weights / 1e9:.1f} GB + activation reserve {reserve / 1e9:.1f} GB per GPU exceed "
             f"{gpu_memory_utilization:g} x {float(hardware.memory_bytes) / 1e9:.0f} GB "
             "(raise tensor_parallel_size or gpu_memory_utilization)"
