@@ -231,8 +231,8 @@ class Engine:
         # still in flight, less num_reprefillable_tokens; see _note_many) and, under async scheduling,
         # what the output in flight at that scheduling caches once processed (kv_output_tokens), and what a
         # finished request's last output caches (output_cached)
-        self.kv_cached_tokens = [0] * num_requests
-        self.kv_output_tokens = [0] * num_requests
+        self.kv_cached_tokens = array("q", [0]) * num_requests  # (int64 arrays: written a few times per request)
+        self.kv_output_tokens = array("q", [0]) * num_requests
         self.output_cached: dict[int, int] = {}
         self.prefix_cache_stats = PrefixCacheStats()
         self.now = 0

@@ -10,6 +10,7 @@ are the decoders whose ``context_base mod block_size`` equals ``(1 - g) mod bloc
 from __future__ import annotations
 
 import weakref
+from array import array
 
 from servesim.engine.step_rows import KV_BLOCK_PS_MAX
 from servesim.roofline import SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS
@@ -45,10 +46,12 @@ class PlainDecoding:
         self.context_base_sum = 0  # sum of context_base over the decoders
         self.per_residue = [0] * block_size  # decoders per residue context_base mod block_size
         self.per_residue_twice = [0] * (2 * block_size)  # per_residue twice over: a cyclic window is one slice
-        self.context_base = [0] * num_requests  # decoder r needs context_base[r] + g KV slots at step g
-        self.joined_at = [0] * num_requests  # step it joined the aggregate at
-        self.generated_at_join = [0] * num_requests  # its generated tokens then
-        self.blocks_at_join = [0] * num_requests  # its KV blocks then
+        # per request, written at each join and read at its leave: int64 arrays (8 bytes per request, no int
+        # object each)
+        self.context_base = array("q", [0]) * num_requests  # decoder r needs context_base[r] + g KV slots at step g
+        self.joined_at = array("q", [0]) * num_requests  # step it joined the aggregate at
+        self.generated_at_join = array("q", [0]) * num_requests  # its generated tokens then
+        self.blocks_at_join = array("q", [0]) * num_requests  # its KV blocks then
         # prefix caching: decoder -> the step it joined the aggregate at after a step without it (no output
         # of it in flight at that step: see cached_tokens)
         self.stale_joins: dict[int, int] = {}
