@@ -183,8 +183,10 @@ def _no_simulation(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a simulation ran before --out was checked")
 
-    monkeypatch.setattr(servesim.api, "simulate", refuse)
+    # the package's lazy re-export first: monkeypatch reads the old value through it, which must be the real
+    # function (read after patching servesim.api, the lazy export would keep `refuse` after the test)
     monkeypatch.setattr(servesim, "simulate", refuse, raising=False)
+    monkeypatch.setattr(servesim.api, "simulate", refuse)
 
 
 @pytest.mark.parametrize("command", ["run", "sweep", "capacity", "tune-k", "validate", "plot"])
