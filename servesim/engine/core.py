@@ -191,7 +191,7 @@ class Engine:
         self.rejected_drafts = [0] * num_requests
         self.rejected_at_step = [-2] * num_requests
         # Records (ps; -1 = not yet): written a few times per request and read at output, so held as int64
-        # arrays (8 bytes per request, no int object each; the output reads them without a copy)
+        # arrays (8 bytes per request, no int object each; numpy reads them in place at output)
         self.arrival_ps = array("q", [-1]) * num_requests
         self.first_scheduled_ps = array("q", [-1]) * num_requests
         self.first_token_ps = array("q", [-1]) * num_requests

@@ -956,7 +956,7 @@ class SpeculativeDecoding:
         # (every term < KV_BLOCK_PS_MAX: no overflow)
         late = int(np.dot(self.step_new_blocks[g + 1:g + n], ends[:n - 1])) if n > 1 else 0
         if late:
-            engine.kv_late += (len(engine.row_log), late)
+            engine.kv_late.extend((len(engine.row_log), late))
         self._end_run(g, n, ends[:n], int(ends[0]), duration, first_tokens, used, k_step, k_new)
 
     def _end_run(self, g: int, n: int, ends, d0: int, duration: int, first_tokens: int, used: int, k_step: int,
@@ -1022,5 +1022,5 @@ class SpeculativeDecoding:
             engine.trace_run(g, m, [t0] + [t0 + e for e in ends[:-1]], [sum(new_blocks[:j + 1]) for j in range(m)], k_new)
         engine.free_blocks = total - used
         if kv_ps != used * elapsed:
-            engine.kv_late += (len(engine.row_log), used * elapsed - kv_ps)
+            engine.kv_late.extend((len(engine.row_log), used * elapsed - kv_ps))
         self._end_run(g, m, ends, ends[0], elapsed, first_tokens, used, k_step, k_new)
