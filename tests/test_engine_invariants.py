@@ -59,6 +59,10 @@ def _run(c, mode, check_blocks=False):
 def test_every_request_finishes_with_exactly_its_tokens_and_modes_agree(c):
     eng_run, prompt, output, blocks = _run(c, "run")
     eng_step, *_ = _run(c, "step")
+    # bit-identical per-request times in both modes (integer picoseconds; read before output(), which frees
+    # the engine's per-request state)
+    for name in ("arrival_ps", "first_scheduled_ps", "first_token_ps", "finish_ps", "num_preemptions", "num_generated"):
+        assert getattr(eng_run, name) == getattr(eng_step, name), name
     r = eng_run.output().requests
     # every request finishes, with exactly its output tokens, none lost to preemption
     assert np.all(r.generated_tokens == output)
@@ -68,9 +72,6 @@ def test_every_request_finishes_with_exactly_its_tokens_and_modes_agree(c):
     assert np.all(r.first_scheduled_s >= r.arrival_s)
     # all blocks are returned at the end
     assert eng_run.free_blocks == blocks - 1 and eng_step.free_blocks == blocks - 1  # all usable blocks (not the null block)
-    # bit-identical per-request times in both modes (integer picoseconds)
-    for name in ("arrival_ps", "first_scheduled_ps", "first_token_ps", "finish_ps", "num_preemptions", "num_generated"):
-        assert getattr(eng_run, name) == getattr(eng_step, name), name
     assert sorted(eng_run.extra_itl) == sorted(eng_step.extra_itl)
     s_run, s_step = eng_run.output().steps, eng_step.output().steps
     assert int((s_run.itl_samples * s_run.num_steps).sum()) == int(s_step.itl_samples.sum())

@@ -68,6 +68,25 @@ def test_int_log_keeps_records_in_order_across_chunks(monkeypatch):
         big.compact()
 
 
+def test_int_log_of_a_narrower_dtype_keeps_it_and_refuses_values_beyond_it(monkeypatch):
+    monkeypatch.setattr(step_rows, "LOG_CHUNK_VALUES", 4)
+    windows = IntLog(2, dtype=np.int32)
+    for i in range(7):
+        windows.items.extend((i, 2**31 - 1 - i))
+        if windows.full():
+            windows.compact()
+    assert len(windows.chunks) == 3
+    joined = windows.array()
+    assert joined.dtype == np.int32 and joined.flags.c_contiguous
+    np.testing.assert_array_equal(joined, [[i, 2**31 - 1 - i] for i in range(7)])
+    assert len(windows.chunks) == 1 and windows.array() is joined  # joined once, kept as the one chunk
+    assert IntLog(3, dtype=np.int32).array().dtype == np.int32
+    with pytest.raises(OverflowError):
+        narrow = IntLog(1, dtype=np.int32)
+        narrow.items.append(2**31)
+        narrow.compact()
+
+
 def test_blocks_hold_at_most_the_limit_or_one_element():
     counts = np.array([3, 0, 4, 9, 1, 1, 5, 0, 0, 2], dtype=np.int64)
     # greedy, in order: 3+0 (adding 4 would make 7), 4, 9 alone (over the limit), 1+1, 5+0+0, 2
@@ -87,6 +106,12 @@ def test_output_frees_the_decoding_state_and_is_taken_once(spec):
                                   np.random.SeedSequence(0))
     env.run()
     strategy = weakref.ref(engine.decoding)
+    per_request = [weakref.ref(engine.kv)] + [getattr(engine, name) for name in ("num_computed", "arrival_ps")]
     first = engine.output()
     assert strategy() is None
+    # the per-request state and the block manager go once the RequestLog holds their values, the runs'
+    # records once the step log's arrays are built
+    assert per_request[0]() is None and engine.num_computed is None and engine.arrival_ps is None
+    assert engine.kv_window_log is None and engine.closed_run_log is None
+    np.testing.assert_array_equal(first.requests.arrival_s, np.asarray(per_request[2]) / 1e12)
     assert engine.output() is first

@@ -263,7 +263,7 @@ class Engine:
         # rows, and the blocks each step phase allocates (block_size counts per run, flat)
         self.closed_run_log = IntLog(4)
         self.kv_run_log = IntLog(1)
-        self.kv_window_log = IntLog(self.block_size)
+        self.kv_window_log = IntLog(self.block_size, dtype=np.int32)  # decoders per residue: < 2^31 requests
         self.closed_runs: list[int] = self.closed_run_log.items  # recent parts (flat), appended to by runs
         self.kv_runs: list[int] = self.kv_run_log.items
         self.kv_windows: list[int] = self.kv_window_log.items
@@ -1225,8 +1225,9 @@ class Engine:
             return kv
         bs = self.block_size
         runs = self.kv_run_log.array()[:, 0]
-        windows = self.kv_window_log.array()
-        counts = windows[:, ::-1].ravel()  # column rho: the blocks each step i = rho (mod bs) of the run allocates
+        # the window's column bs - 1 - rho: the blocks each step i = rho (mod bs) of the run allocates (read
+        # in place, flat: the log's array is C-contiguous)
+        windows = self.kv_window_log.array().reshape(-1)
         later = steps[runs] - 1  # each run's steps i >= 1 (every recorded run has two or more)
         run_first = (np.cumsum(steps) - steps)[runs]  # each run's first step in ``ends``
         for lo, hi in blocks_of_at_most(later, step_rows.OUTPUT_BLOCK_STEPS):  # small temporaries
@@ -1234,7 +1235,7 @@ class Engine:
             offsets = np.cumsum(block_later) - block_later
             run = np.repeat(np.arange(lo, hi, dtype=np.int64), block_later)
             i = np.arange(run.shape[0], dtype=np.int64) - offsets[run - lo] + 1
-            late = counts[run * bs + i % bs] * ends[run_first[run] + i - 1]
+            late = windows[run * bs + (bs - 1) - i % bs] * ends[run_first[run] + i - 1]
             kv[runs[lo:hi]] -= np.add.reduceat(late, offsets)
         return kv
 
@@ -1312,6 +1313,17 @@ class Engine:
         ends[positions] = end_log.array()[:, 0]
         return ends
 
+    def _drop_request_state(self) -> None:
+        """Free the per-request state once :meth:`output` has read it into its RequestLog (the engine cannot
+        go on after its output is taken): at 10^6 requests its lists and records are a quarter of a
+        gigabyte that would otherwise live on beside the step log's arrays while they are built."""
+        self.prompt_tokens = self.output_tokens = self.num_generated = self.num_computed = None
+        self.num_blocks = self.last_emit_ps = self.decode_ready = self.emitted_tokens = None
+        self.rejected_drafts = self.rejected_at_step = self.finish_step = self.finish_heap = None
+        self.arrival_ps = self.first_scheduled_ps = self.first_token_ps = self.finish_ps = None
+        self.num_preemptions = self.num_cached_tokens = self.kv_cached_tokens = self.kv_output_tokens = None
+        self.kv = None  # the block manager: its block pool and, with prefix caching, its hash table
+
     def output(self) -> EngineOutput:
         """The engine's records as arrays in seconds (call once the SimPy run has ended: the engine cannot
         go on afterwards; later calls return the same output)."""
@@ -1343,11 +1355,15 @@ class Engine:
             preemptions=np.array(self.num_preemptions, dtype=np.int64),  # a copy: not a view of the engine's
             num_cached_tokens=np.maximum(np.asarray(self.num_cached_tokens, dtype=np.int64), 0),
         )
+        self._drop_request_state()
         rows = self.row_log.array()
         rows.flags.writeable = False  # the step log's integer columns are views of it (no copy of the log)
         col = dict(zip(StepRow._fields, rows.T))
         ends = self._step_ends(col["num_steps"], col["duration_ps"])
         kv_block_ps = self._kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends)
+        # the runs' records have been read into ``ends`` and ``kv_block_ps``
+        self.closed_run_log = self.kv_run_log = self.kv_window_log = self.kv_late_log = None
+        self.summed_run_log = self.summed_end_log = None
         steps = StepLog(
             start_s=col["start_ps"] / s,
             num_steps=col["num_steps"],

@@ -70,8 +70,8 @@ LOG_CHUNK_VALUES = 2**18
 
 class IntLog:
     """A log of records of ``width`` integers each, kept as Python objects while recent and moved into int64
-    numpy chunks by :meth:`compact` (a long run then holds 8 bytes per value instead of a Python int and a
-    pointer to it; the engine compacts between SimPy events, :meth:`Engine.process
+    (or ``dtype``) numpy chunks by :meth:`compact` (a long run then holds 8 bytes per value instead of a
+    Python int and a pointer to it; the engine compacts between SimPy events, :meth:`Engine.process
     <servesim.engine.core.Engine.process>`).
 
     Attributes:
@@ -80,16 +80,18 @@ class IntLog:
         items: the recent records; the engine appends to this list directly on its hot paths.
         chunks: int64 arrays (records, width) of the older records, in order.
         records_before: records held in ``chunks``.
+        dtype: the chunks' integer dtype (int64 unless every value is known to fit a narrower one).
 
     Raises:
-        OverflowError: (at :meth:`compact`) a value outside int64.
+        OverflowError: (at :meth:`compact`) a value outside the dtype.
     """
 
-    __slots__ = ("width", "tuples", "items", "chunks", "records_before")
+    __slots__ = ("width", "tuples", "items", "chunks", "records_before", "dtype")
 
-    def __init__(self, width: int, tuples: bool = False) -> None:
+    def __init__(self, width: int, tuples: bool = False, dtype=np.int64) -> None:
         self.width = width
         self.tuples = tuples
+        self.dtype = np.dtype(dtype)
         self.items: list = []
         self.chunks: list[np.ndarray] = []
         self.records_before = 0
@@ -104,13 +106,13 @@ class IntLog:
         return len(self.items) * (self.width if self.tuples else 1) >= LOG_CHUNK_VALUES
 
     def compact(self) -> None:
-        """Move the recent records into an int64 chunk (``items`` is emptied in place: aliases stay valid)."""
+        """Move the recent records into a chunk (``items`` is emptied in place: aliases stay valid)."""
         items = self.items
         if not items:
             return
         count = len(items) if self.tuples else len(items) // self.width
         values = chain.from_iterable(items) if self.tuples else items
-        self.chunks.append(np.fromiter(values, dtype=np.int64, count=count * self.width).reshape(count, self.width))
+        self.chunks.append(np.fromiter(values, dtype=self.dtype, count=count * self.width).reshape(count, self.width))
         self.records_before += count
         items.clear()
 
@@ -118,15 +120,27 @@ class IntLog:
         """Log the records of integer array ``values`` ((records * width,) or (records, width)) after those
         logged so far, as a chunk of their own (a copy: ``values`` may be a view of a larger array)."""
         self.compact()
-        chunk = np.array(values, dtype=np.int64).reshape(-1, self.width)
+        chunk = np.array(values, dtype=self.dtype).reshape(-1, self.width)
         self.chunks.append(chunk)
         self.records_before += chunk.shape[0]
 
     def array(self) -> np.ndarray:
-        """Every record, int64 (records, width); the log keeps it as its one chunk."""
+        """Every record, (records, width) of the log's dtype; the log keeps it as its one chunk.
+
+        The chunks are copied into the result one at a time and each is dropped once copied, so that the
+        log and its joined copy never both exist (``np.concatenate`` would hold twice the log at its end)."""
         self.compact()
-        if not self.chunks:
-            return np.zeros((0, self.width), dtype=np.int64)
-        if len(self.chunks) > 1:
-            self.chunks = [np.concatenate(self.chunks)]
-        return self.chunks[0]
+        chunks = self.chunks
+        if not chunks:
+            return np.zeros((0, self.width), dtype=self.dtype)
+        if len(chunks) > 1:
+            joined = np.empty((self.records_before, self.width), dtype=self.dtype)
+            start = 0
+            chunks.reverse()  # popped from the end, in order
+            while chunks:
+                chunk = chunks.pop()
+                joined[start:start + chunk.shape[0]] = chunk
+                start += chunk.shape[0]
+                del chunk
+            chunks.append(joined)
+        return chunks[0]

@@ -43,7 +43,9 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, q: np.ndarray 
         raise ValueError("weights must be non-negative repeat counts")
     order = np.argsort(values)  # ties need no order: equal values are interchangeable
     sorted_values = values[order]
-    cum = np.cumsum(weights[order])
+    cum = weights[order]
+    del order
+    np.cumsum(cum, out=cum)  # in place: one temporary of the sample's size less
     n = int(cum[-1]) if cum.size else 0
     if n == 0:
         raise ValueError("total weight is zero: no samples")
