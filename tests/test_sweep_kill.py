@@ -7,6 +7,7 @@ every worker must be gone within a few seconds. Every process a test starts is k
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -91,6 +92,62 @@ def test_killed_sweep_leaves_no_workers(tmp_path, signum):
         assert alive == [], f"processes left running after {signal.Signals(signum).name}: {alive}"
         if signum == signal.SIGTERM:
             assert status == 143 and "terminated (SIGTERM)" in (tmp_path / "log.txt").read_text()
+    finally:
+        try:
+            seen.extend(parent.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+        _kill_all(seen + [parent])
+        proc.wait(timeout=30)
+        log.close()
+
+
+try:
+    import distributed  # noqa: F401
+
+    HAS_DASK = True
+except ImportError:  # the optional extra servesim[dask]
+    HAS_DASK = False
+
+#: Worker CPU time (s) after which a Dask worker has surely run its preload (its imports take about 1 s).
+DASK_WORKER_BUSY_CPU_S = 4.0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sends POSIX signals and reads /proc")
+@pytest.mark.skipif(not HAS_DASK, reason="dask.distributed is not installed (optional extra servesim[dask])")
+def test_ctrl_c_of_a_dask_sweep_prints_one_line_and_leaves_no_workers(tmp_path):
+    # Ctrl-C in a terminal reaches the whole process group, Dask's worker processes included: they ignore
+    # it (servesim.sweep.dask_worker), the sweep's process closes the cluster, and the user sees one line
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
+    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
+        {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 128, 256, 512]}}))
+    log = (tmp_path / "log.txt").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "sweep", str(tmp_path / "sweep.yaml"),
+                             "--out", str(tmp_path / "out"), "--jobs", "2", "--executor", "dask", "--no-progress"],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1],
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    parent = psutil.Process(proc.pid)
+    seen: list[psutil.Process] = []
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline and proc.poll() is None:
+            workers = [w for w in _workers(parent) if "spawn_main" in " ".join(w.cmdline())]
+            seen.extend(w for w in workers if w not in seen)
+            if len(workers) >= 2 and all(w.cpu_times().user > DASK_WORKER_BUSY_CPU_S for w in workers):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None and len(seen) >= 2, (tmp_path / "log.txt").read_text()
+        family = parent.children(recursive=True)
+        os.killpg(proc.pid, signal.SIGINT)
+        status = proc.wait(timeout=DEATH_TIMEOUT_S + 30)
+        deadline = time.monotonic() + DEATH_TIMEOUT_S
+        while time.monotonic() < deadline and not all(_gone(w) for w in family):
+            time.sleep(0.1)
+        alive = [w.pid for w in family if not _gone(w)]
+        assert alive == [], f"processes left running after Ctrl-C: {alive}"
+        text = (tmp_path / "log.txt").read_text()
+        assert status == 130 and "servesim: interrupted" in text
+        assert "Traceback" not in text and "WARNING" not in text, text
     finally:
         try:
             seen.extend(parent.children(recursive=True))

@@ -13,6 +13,7 @@ guard, a thread that exits the worker within :data:`ORPHAN_POLL_S` of its parent
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing
 import os
 import signal
@@ -163,8 +164,12 @@ def open_executor(spec: str | Executor | None, jobs: int) -> Iterator[Executor |
     with contextlib.ExitStack() as stack:  # pragma: no cover - needs dask
         if address is None:
             workers = {"n_workers": jobs} if jobs > 1 else {}
+            # errors only: an interrupted sweep stops its workers mid-run, and Dask's warnings about that
+            # (cancelled tasks, workers killed after the nanny's grace period) are not the user's to act on
             cluster = stack.enter_context(
-                distributed.LocalCluster(processes=True, threads_per_worker=1, dashboard_address=None, **workers)
+                distributed.LocalCluster(processes=True, threads_per_worker=1, dashboard_address=None,
+                                         silence_logs=logging.ERROR, preload=["servesim.sweep.dask_worker"],
+                                         **workers)
             )
             client = stack.enter_context(distributed.Client(cluster))
         else:
