@@ -7,6 +7,7 @@ every worker must be gone within a few seconds. Every process a test starts is k
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -59,19 +60,44 @@ def _kill_all(processes) -> None:
             pass
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sends POSIX signals and reads /proc")
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
-def test_killed_sweep_leaves_no_workers(tmp_path, signum):
+@contextlib.contextmanager
+def _sweep_process(tmp_path, *options: str, **popen_options):
+    """Start ``servesim sweep --jobs 2`` (plus ``options``) on a sweep of minutes-long runs; yield (process,
+    its psutil.Process, the list of processes seen, which the caller extends); kill them all at the end."""
     (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
     (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
         {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 128, 256, 512]}}))
     log = (tmp_path / "log.txt").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "servesim", "sweep", str(tmp_path / "sweep.yaml"),
-                             "--out", str(tmp_path / "out"), "--jobs", "2", "--no-progress"],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1])
+                             "--out", str(tmp_path / "out"), "--jobs", "2", "--no-progress", *options],
+                            stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1],
+                            **popen_options)
     parent = psutil.Process(proc.pid)
     seen: list[psutil.Process] = []
     try:
+        yield proc, parent, seen
+    finally:
+        try:
+            seen.extend(parent.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+        _kill_all(seen + [parent])
+        proc.wait(timeout=30)
+        log.close()
+
+
+def _wait_until_gone(family: list[psutil.Process]) -> list[int]:
+    """Wait up to DEATH_TIMEOUT_S for ``family`` to die; return the pids still alive."""
+    deadline = time.monotonic() + DEATH_TIMEOUT_S
+    while time.monotonic() < deadline and not all(_gone(w) for w in family):
+        time.sleep(0.1)
+    return [w.pid for w in family if not _gone(w)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sends POSIX signals and reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_killed_sweep_leaves_no_workers(tmp_path, signum):
+    with _sweep_process(tmp_path) as (proc, parent, seen):
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:
             workers = _workers(parent)
@@ -85,21 +111,10 @@ def test_killed_sweep_leaves_no_workers(tmp_path, signum):
         family = parent.children(recursive=True)
         proc.send_signal(signum)
         status = proc.wait(timeout=DEATH_TIMEOUT_S + 20)
-        deadline = time.monotonic() + DEATH_TIMEOUT_S
-        while time.monotonic() < deadline and not all(_gone(w) for w in family):
-            time.sleep(0.1)
-        alive = [w.pid for w in family if not _gone(w)]
+        alive = _wait_until_gone(family)
         assert alive == [], f"processes left running after {signal.Signals(signum).name}: {alive}"
         if signum == signal.SIGTERM:
             assert status == 143 and "terminated (SIGTERM)" in (tmp_path / "log.txt").read_text()
-    finally:
-        try:
-            seen.extend(parent.children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
-        _kill_all(seen + [parent])
-        proc.wait(timeout=30)
-        log.close()
 
 
 try:
@@ -118,17 +133,8 @@ DASK_WORKER_BUSY_CPU_S = 4.0
 def test_ctrl_c_of_a_dask_sweep_prints_one_line_and_leaves_no_workers(tmp_path):
     # Ctrl-C in a terminal reaches the whole process group, Dask's worker processes included: they ignore
     # it (servesim.sweep.dask_worker), the sweep's process closes the cluster, and the user sees one line
-    (tmp_path / "base.yaml").write_text(yaml.safe_dump(BASE))
-    (tmp_path / "sweep.yaml").write_text(yaml.safe_dump(
-        {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 128, 256, 512]}}))
-    log = (tmp_path / "log.txt").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "servesim", "sweep", str(tmp_path / "sweep.yaml"),
-                             "--out", str(tmp_path / "out"), "--jobs", "2", "--executor", "dask", "--no-progress"],
-                            stdout=log, stderr=subprocess.STDOUT, cwd=Path(__file__).resolve().parents[1],
-                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    parent = psutil.Process(proc.pid)
-    seen: list[psutil.Process] = []
-    try:
+    with _sweep_process(tmp_path, "--executor", "dask", start_new_session=True,
+                        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)) as (proc, parent, seen):
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline and proc.poll() is None:
             workers = [w for w in _workers(parent) if "spawn_main" in " ".join(w.cmdline())]
@@ -140,19 +146,8 @@ def test_ctrl_c_of_a_dask_sweep_prints_one_line_and_leaves_no_workers(tmp_path):
         family = parent.children(recursive=True)
         os.killpg(proc.pid, signal.SIGINT)
         status = proc.wait(timeout=DEATH_TIMEOUT_S + 30)
-        deadline = time.monotonic() + DEATH_TIMEOUT_S
-        while time.monotonic() < deadline and not all(_gone(w) for w in family):
-            time.sleep(0.1)
-        alive = [w.pid for w in family if not _gone(w)]
+        alive = _wait_until_gone(family)
         assert alive == [], f"processes left running after Ctrl-C: {alive}"
         text = (tmp_path / "log.txt").read_text()
         assert status == 130 and "servesim: interrupted" in text
         assert "Traceback" not in text and "WARNING" not in text, text
-    finally:
-        try:
-            seen.extend(parent.children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
-        _kill_all(seen + [parent])
-        proc.wait(timeout=30)
-        log.close()
