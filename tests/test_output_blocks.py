@@ -1,6 +1,6 @@
 """Bounded memory at output: the step log moved into int64 chunks during the run (IntLog, compacted between
-SimPy events) and the output's per-step arrays evaluated a block of rows at a time (Engine._step_ends,
-Engine._kv_block_ps) give exactly the results of one chunk and one block. Tiny chunk and block sizes force
+SimPy events) and the output's per-step arrays evaluated a block of rows at a time (RunRecords.step_ends,
+RunRecords.kv_block_ps) give exactly the results of one chunk and one block. Tiny chunk and block sizes force
 hundreds of compactions and blocks on a 2,500-request run at 4x (closed-form runs, KV-corrected runs,
 preemptions; with EAGLE, runs summed step by step)."""
 
@@ -112,6 +112,6 @@ def test_output_frees_the_decoding_state_and_is_taken_once(spec):
     # the per-request state and the block manager go once the RequestLog holds their values, the runs'
     # records once the step log's arrays are built
     assert per_request[0]() is None and engine.num_computed is None and engine.arrival_ps is None
-    assert engine.kv_window_log is None and engine.closed_run_log is None
+    assert engine.run_records is None
     np.testing.assert_array_equal(first.requests.arrival_s, np.asarray(per_request[2]) / 1e12)
     assert engine.output() is first

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -24,7 +23,7 @@ from hypothesis import strategies as st
 from servesim import simulate
 from servesim.cards import load_hardware, load_model
 from servesim.engine.core import Engine
-from servesim.engine.step_rows import IntLog
+from servesim.engine.run_records import RunRecords
 from servesim.metrics.steps import step_times_ps
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, SUBPS_PER_PS, build_step_time_model
 from servesim.speculation.costs import head_card
@@ -194,7 +193,7 @@ long_runs = st.tuples(st.integers(0, SUBPS_MASK), st.integers(1, 2**58), st.inte
 @given(st.lists(st.one_of(runs, long_runs), min_size=1, max_size=6),
        st.lists(st.one_of(st.integers(1, 10**10), st.integers(1, 2**50)), min_size=1, max_size=6))
 def test_step_durations_rebuilt_at_output_are_the_stepped_ones(run_list, single):
-    """Engine._step_ends on rows of closed-form decode runs and single steps, against stepping."""
+    """RunRecords.step_ends on rows of closed-form decode runs and single steps, against stepping."""
     rows, sub_runs, expected = [], [], []
     for i, (rem, d0, inc, n) in enumerate(run_list):
         ends, _ = stepped(rem, d0, inc, n)
@@ -205,11 +204,10 @@ def test_step_durations_rebuilt_at_output_are_the_stepped_ones(run_list, single)
         if i < len(single):
             rows.append([0, 1, single[i], 0, single[i]] + [0] * 8)
             expected.append(single[i])
-    closed_run_log = IntLog(4)
-    closed_run_log.items += sub_runs
-    fake = SimpleNamespace(closed_run_log=closed_run_log, summed_run_log=IntLog(2), summed_end_log=IntLog(1))
+    records = RunRecords(block_size=16)
+    records.closed_run_log.items += sub_runs
     cols = np.asarray(rows, dtype=np.int64).T
-    np.testing.assert_array_equal(Engine._step_ends(fake, cols[1], cols[4]), np.asarray(expected, dtype=np.int64))
+    np.testing.assert_array_equal(records.step_ends(cols[1], cols[4]), np.asarray(expected, dtype=np.int64))
 
 
 @given(st.integers(0, SUBPS_MASK), st.integers(1, 10**13), st.integers(0, 10**10), st.integers(1, 400),

@@ -74,11 +74,11 @@ from collections import deque
 
 import numpy as np
 
-from servesim.engine import step_rows  # OUTPUT_BLOCK_STEPS read through the module (tests set it)
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX, ROW_SUBPS_MAX, IntLog, StepRow, blocks_of_at_most
+from servesim.engine.run_records import RunRecords, step_durations_s
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, IntLog, StepRow
 from servesim.errors import SettingError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
@@ -252,25 +252,13 @@ class Engine:
         # log's recent part, which the hot paths append to; older rows are int64 chunks (IntLog)
         self.row_log = IntLog(len(StepRow._fields), tuples=True)
         self.rows: list[tuple] = self.row_log.items
-        # KV integral of each row (blocks in use x step duration, summed over its steps; ps) = its blocks in use
-        # at the end x its duration, minus the block-ps of blocks allocated after its first step started:
-        # (row, that correction) of runs summed step by step, flat
-        self.kv_late_log = IntLog(2)
-        self.kv_late: list[int] = self.kv_late_log.items
-        # closed-form decode runs of more than one step (plain decoding), four ints each (cheap to extend):
-        # row, clock remainder at its start, first duration, increment (2^-16 ps), from which the output
-        # rebuilds every step's duration in ps; and those whose integral is corrected at output: their
-        # rows, and the blocks each step phase allocates (block_size counts per run, flat)
-        self.closed_run_log = IntLog(4)
-        self.kv_run_log = IntLog(1)
-        self.kv_window_log = IntLog(self.block_size, dtype=np.int32)  # decoders per residue: < 2^31 requests
-        self.closed_runs: list[int] = self.closed_run_log.items  # recent parts (flat), appended to by runs
-        self.kv_runs: list[int] = self.kv_run_log.items
-        self.kv_windows: list[int] = self.kv_window_log.items
-        # runs summed step by step (speculation): (row, number of steps) each, and their steps' ends after
-        # the row's start (ps), flat, in the same order
-        self.summed_run_log = IntLog(2)
-        self.summed_end_log = IntLog(1)
+        # what the rows' runs need at output to rebuild their steps' ends and KV integrals; the hot paths
+        # extend the recent parts of its logs through these aliases (flat lists of ints)
+        self.run_records = records = RunRecords(block_size)
+        self.kv_late: list[int] = records.kv_late_log.items
+        self.closed_runs: list[int] = records.closed_run_log.items
+        self.kv_runs: list[int] = records.kv_run_log.items
+        self.kv_windows: list[int] = records.kv_window_log.items
         self.kv_safe_ps = KV_BLOCK_PS_MAX // self.total_blocks  # rows shorter than this always fit
         self.extra_itl: list[int] = []
         self._arrived: list[tuple[int, int]] = []
@@ -350,9 +338,8 @@ class Engine:
 
     def compact_logs(self) -> None:
         """Move the step log's and the runs' recent records into int64 chunks (bounded memory per row)."""
-        for log in (self.row_log, self.closed_run_log, self.kv_run_log, self.kv_window_log, self.kv_late_log,
-                    self.summed_run_log, self.summed_end_log):
-            log.compact()
+        self.row_log.compact()
+        self.run_records.compact()
 
     def _pull_arrivals(self) -> None:
         got = self._arrived
@@ -1139,8 +1126,9 @@ class Engine:
                                new_blocks: int, residue_window: list[int]) -> None:
         """Note the last row, a plain decode run of ``n`` steps from step ``g`` (first step ``first_subps``,
         then ``+ increment_subps`` per step, 2^-16 ps, from a clock remainder ``remainder``) that allocated
-        ``new_blocks`` blocks: its steps' durations are rebuilt at output (:meth:`_step_ends`), and its KV
-        integral corrected for the blocks allocated after its first step (:meth:`_kv_block_ps`), from
+        ``new_blocks`` blocks: its steps' durations are rebuilt at output (:meth:`RunRecords.step_ends
+        <servesim.engine.run_records.RunRecords.step_ends>`), and its KV integral corrected for the blocks
+        allocated after its first step (:meth:`~servesim.engine.run_records.RunRecords.kv_block_ps`), from
         ``residue_window``, the blocks each of its first ``block_size`` steps allocates, last first."""
         if n > 1:
             row = self.row_log.records_before + len(self.rows) - 1  # len(self.row_log) - 1, inline (hot path)
@@ -1154,11 +1142,12 @@ class Engine:
         step), for a run of more than one step summed step by step (copied: an array may be a view)."""
         count = len(ends)
         if count > 1:
-            self.summed_run_log.items += (len(self.row_log) - 1, count)
+            records = self.run_records
+            records.summed_run_log.items += (len(self.row_log) - 1, count)
             if type(ends) is list:
-                self.summed_end_log.items += ends
+                records.summed_end_log.items += ends
             else:
-                self.summed_end_log.append_array(ends)
+                records.summed_end_log.append_array(ends)
 
     def trace_run(self, g: int, n: int, starts: list[int], new_blocks: list[int], k: int) -> None:
         """Record the ``n`` steps of a run from step ``g`` (``starts``: their start times in ps;
@@ -1206,113 +1195,6 @@ class Engine:
         return max(1, min(m, n_max))
 
     # ------------------------------------------------------------------ results
-    def _kv_block_ps(self, used: np.ndarray, duration: np.ndarray, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:
-        """Each row's KV integral (blocks in use x step duration, summed over its steps; ps), int64 (R,).
-
-        ``used * duration`` (the rows' blocks in use at their end and durations, int64 (R,); ``steps``: their
-        numbers of steps, int64 (R,)), corrected for
-        runs: runs summed step by step logged their correction (``kv_late``); in a closed-form decode run
-        the blocks that step ``i`` allocates (``per_residue[(1 - g - i) mod bs]``, periodic in ``i`` with
-        period ``bs``, the window saved with the run) were not in use before that step's start ``D_i`` (the
-        end of step ``i - 1``, ``ends``: every step's end after its row's start, ps, int64 (S,)): subtract
-        ``sum_i nb_i D_i``. Exact in int64: every term is at most the row's integral, < 2**62.
-        """
-        kv = used * duration
-        if len(self.kv_late_log):
-            late_rows, late_block_ps = self.kv_late_log.array().T
-            np.subtract.at(kv, late_rows, late_block_ps)
-        if not len(self.kv_run_log):
-            return kv
-        bs = self.block_size
-        runs = self.kv_run_log.array()[:, 0]
-        # the window's column bs - 1 - rho: the blocks each step i = rho (mod bs) of the run allocates (read
-        # in place, flat: the log's array is C-contiguous)
-        windows = self.kv_window_log.array().reshape(-1)
-        later = steps[runs] - 1  # each run's steps i >= 1 (every recorded run has two or more)
-        run_first = (np.cumsum(steps) - steps)[runs]  # each run's first step in ``ends``
-        for lo, hi in blocks_of_at_most(later, step_rows.OUTPUT_BLOCK_STEPS):  # small temporaries
-            block_later = later[lo:hi]
-            offsets = np.cumsum(block_later) - block_later
-            run = np.repeat(np.arange(lo, hi, dtype=np.int64), block_later)
-            i = np.arange(run.shape[0], dtype=np.int64) - offsets[run - lo] + 1
-            late = windows[run * bs + (bs - 1) - i % bs] * ends[run_first[run] + i - 1]
-            kv[runs[lo:hi]] -= np.add.reduceat(late, offsets)
-        return kv
-
-    def _step_ends(self, steps: np.ndarray, duration: np.ndarray) -> np.ndarray:
-        """Every step's end after the start of its row (ps), int64 (S,), S = sum of the rows' steps.
-
-        ``steps``, ``duration``: the rows' numbers of steps and durations (ps), int64 (R,). A single step
-        ends its row's duration after its start; step ``j`` of a closed-form decode run (clock remainder
-        ``rem``, first duration ``d0``, increment ``inc``, 2^-16 ps) ends ``(rem + m d0 + inc m(m-1)/2) >>
-        16`` ps after, ``m = j + 1``, evaluated as whole and sub-picosecond parts of ``d0`` and ``inc`` so
-        that nothing overflows int64; the steps of a run summed step by step end where it recorded.
-        Evaluated a block of rows of at most :data:`~servesim.engine.step_rows.OUTPUT_BLOCK_STEPS` steps
-        at a time, so that its temporaries stay small beside the result however long the log.
-        """
-        first = np.cumsum(steps) - steps
-        if not len(self.closed_run_log):  # single steps (their duration) and runs summed step by step (filled below)
-            ends = np.repeat(duration, steps)
-            return Engine._fill_summed(ends, first, self.summed_run_log, self.summed_end_log)
-        runs, remainder, first_subps, increment_subps = self.closed_run_log.array().T
-        rem = np.zeros_like(duration)
-        rem[runs] = remainder
-        exact = int(duration.max(initial=0)) < ROW_SUBPS_MAX >> SUBPS_BITS  # every row's end fits int64 in 2^-16 ps
-        if exact:
-            d0 = duration << SUBPS_BITS  # a single step: m = 1, T = 0, no remainder
-            inc = np.zeros_like(duration)
-            d0[runs], inc[runs] = first_subps, increment_subps
-        else:
-            whole_d0 = duration.copy()
-            part_d0, whole_inc, part_inc = np.zeros_like(duration), np.zeros_like(duration), np.zeros_like(duration)
-            whole_d0[runs], part_d0[runs] = first_subps >> SUBPS_BITS, first_subps & SUBPS_MASK
-            whole_inc[runs], part_inc[runs] = increment_subps >> SUBPS_BITS, increment_subps & SUBPS_MASK
-        num_rows = steps.shape[0]
-        total = int(first[-1] + steps[-1]) if num_rows else 0
-        ends = np.empty(total, dtype=np.int64)
-        for lo, hi in blocks_of_at_most(steps, step_rows.OUTPUT_BLOCK_STEPS):
-            step_lo, step_hi = int(first[lo]), int(first[hi - 1] + steps[hi - 1])
-            row = np.repeat(np.arange(lo, hi, dtype=np.int64), steps[lo:hi])
-            m = np.arange(step_lo + 1, step_hi + 1, dtype=np.int64) - first[row]
-            tri = m * (m - 1) // 2
-            if exact:
-                ends[step_lo:step_hi] = (rem[row] + m * d0[row] + tri * inc[row]) >> SUBPS_BITS
-            else:
-                ends[step_lo:step_hi] = (m * whole_d0[row] + tri * whole_inc[row]
-                                         + ((rem[row] + m * part_d0[row] + tri * part_inc[row]) >> SUBPS_BITS))
-        return Engine._fill_summed(ends, first, self.summed_run_log, self.summed_end_log)
-
-    @staticmethod
-    def _step_durations_s(ends: np.ndarray, steps: np.ndarray) -> np.ndarray:
-        """Every step's duration (s), float64 (S,), from ``ends`` (:meth:`_step_ends`, int64 (S,), ps), whose
-        memory it takes over: each step's end less the previous step's end within its row (a row's first
-        step: its end), evaluated in place a block of steps at a time from the last (no temporary of the
-        log's size), then divided by ``PS_PER_S`` into the same buffer (``durations / PS_PER_S`` bit for
-        bit). ``steps``: the rows' numbers of steps, int64 (R,)."""
-        row_first = np.cumsum(steps) - steps
-        firsts = ends[row_first]
-        total = ends.shape[0]
-        for hi in range(total, 1, -step_rows.OUTPUT_BLOCK_STEPS):
-            lo = max(hi - step_rows.OUTPUT_BLOCK_STEPS, 1)
-            ends[lo:hi] -= ends[lo - 1:hi - 1]  # the ends below lo are still whole when the next block reads them
-        ends[row_first] = firsts
-        durations = ends.view(np.float64)
-        np.divide(ends, float(PS_PER_S), out=durations)
-        return durations
-
-    @staticmethod
-    def _fill_summed(ends: np.ndarray, first: np.ndarray, run_log: IntLog, end_log: IntLog) -> np.ndarray:
-        """``ends`` (int64 (S,)) with the steps of the runs summed step by step set to their recorded ends:
-        ``run_log`` holds (row, number of steps) per run, ``end_log`` their steps' ends, flat, in the same
-        order (``first``: each row's first step in ``ends``)."""
-        if not len(run_log):
-            return ends
-        rows, counts = run_log.array().T
-        offsets = np.cumsum(counts) - counts  # each run's first value in end_log
-        positions = np.repeat(first[rows] - offsets, counts) + np.arange(int(offsets[-1] + counts[-1]), dtype=np.int64)
-        ends[positions] = end_log.array()[:, 0]
-        return ends
-
     def _drop_request_state(self) -> None:
         """Free the per-request state once :meth:`output` has read it into its RequestLog (the engine cannot
         go on after its output is taken): at 10^6 requests its lists and records are a quarter of a
@@ -1359,11 +1241,9 @@ class Engine:
         rows = self.row_log.array()
         rows.flags.writeable = False  # the step log's integer columns are views of it (no copy of the log)
         col = dict(zip(StepRow._fields, rows.T))
-        ends = self._step_ends(col["num_steps"], col["duration_ps"])
-        kv_block_ps = self._kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends)
-        # the runs' records have been read into ``ends`` and ``kv_block_ps``
-        self.closed_run_log = self.kv_run_log = self.kv_window_log = self.kv_late_log = None
-        self.summed_run_log = self.summed_end_log = None
+        ends = self.run_records.step_ends(col["num_steps"], col["duration_ps"])
+        kv_block_ps = self.run_records.kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends)
+        self.run_records = None  # read into ``ends`` and ``kv_block_ps``
         steps = StepLog(
             start_s=col["start_ps"] / s,
             num_steps=col["num_steps"],
@@ -1380,7 +1260,7 @@ class Engine:
             k=col["k"],
             start_ps=col["start_ps"],
             kv_block_ps=kv_block_ps,
-            durations_s=Engine._step_durations_s(ends, col["num_steps"]),
+            durations_s=step_durations_s(ends, col["num_steps"]),
         )
         self.finished_output = EngineOutput(
             requests=requests,
