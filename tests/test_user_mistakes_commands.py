@@ -1,0 +1,32 @@
+"""Regression tests for defects found by trying every command as a new user: mistakes in options and in
+the files they read get one line naming the option or the file, the field or line, and what was expected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servesim.cli import main
+
+from test_cli import write_yaml
+from test_robustness_cli import SMALL
+
+
+@pytest.mark.parametrize("spec, message", [
+    # refused when the run is set up (not by the option's own validation): named the config file, where the
+    # user would look in vain
+    ({"method": "eagle", "num_speculative_tokens": 2, "acceptance": [0.8, 1.2]},
+     "speculative_config.acceptance: per_position_acceptance.1: Input should be less than or equal to 1 (got 1.2)"),
+    ({"method": "eagle", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
+     "speculative_config.draft_tensor_parallel_size: 2 cannot be other value than 1 or target model "
+     "tensor_parallel_size (1)"),
+])
+def test_speculative_config_option_settings_refused_when_wired_name_the_option(tmp_path, capsys, spec, message):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--speculative-config", json.dumps(spec)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: --speculative-config: {message}\n"
+    # refined by --set, the speculative_config is the config's: named by its file
+    assert main([*argv, "--set", "speculative_config.method=eagle"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
