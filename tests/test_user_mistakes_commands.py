@@ -30,3 +30,24 @@ def test_speculative_config_option_settings_refused_when_wired_name_the_option(t
     # refined by --set, the speculative_config is the config's: named by its file
     assert main([*argv, "--set", "speculative_config.method=eagle"]) == 2
     assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
+
+
+def test_vllm_bench_result_without_a_metric_is_refused(tmp_path, capsys):
+    # was "0 of 0 cases within tolerance", a matplotlib warning on stderr and exit status 0
+    bench = tmp_path / "r.json"
+    bench.write_text(json.dumps({"completed": 2, "input_lens": [5, 5], "output_lens": [5, 5], "max_concurrency": 1,
+                                 "mean_ttft_ms": 0, "mean_tpot_ms": float("nan")}))
+    server = write_yaml(tmp_path / "server.yaml", SMALL)
+    assert main(["validate", "--vllm-bench", str(bench), "--server", str(server), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"servesim: error: {bench}: no measured metric to compare (expected one of mean_ttft_ms, mean_tpot_ms, "
+        "output_throughput > 0)")
+
+
+def test_validate_server_without_vllm_bench_is_refused(tmp_path, capsys):
+    # was ignored: the published cases ran as if the server had been replayed
+    server = write_yaml(tmp_path / "server.yaml", SMALL)
+    assert main(["validate", "--server", str(server), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("servesim: error: validate: --server is the server of --vllm-bench "
+                                       "RESULT.json: give both, or neither\n")
+    assert not (tmp_path / "o").exists()
