@@ -51,3 +51,39 @@ def test_validate_server_without_vllm_bench_is_refused(tmp_path, capsys):
     assert capsys.readouterr().err == ("servesim: error: validate: --server is the server of --vllm-bench "
                                        "RESULT.json: give both, or neither\n")
     assert not (tmp_path / "o").exists()
+
+
+STEP_CSV = "batch_size,context_tokens,scheduled_tokens,step_time_s\n1,256,1,{}\n2,1,2,0.009\n4,256,4,0.008\n8,100,8,0.01\n"
+
+
+@pytest.mark.parametrize("step_time", ["1e-300", "1e-9"])
+def test_calibrate_refuses_step_times_below_a_microsecond(tmp_path, capsys, step_time):
+    # 1e-300 s was a traceback (the fit's relative errors overflowed: "array must not contain infs or NaNs")
+    data = tmp_path / "steps.csv"
+    data.write_text(STEP_CSV.format(step_time))
+    assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(data)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {data}: line 2: step_time_s: expected a step time of at "
+                                       f"least 1e-06 s (got '{step_time}'; is it in another unit?)\n")
+
+
+@pytest.mark.parametrize("command", [
+    ["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", "STEPS"],
+    ["acceptance", "ngram", "--input", "PAIRS", "--k", "3"],
+])
+def test_an_out_file_under_a_file_or_at_a_folder_is_refused_before_the_work(tmp_path, capsys, command):
+    # were "afile/x.yaml: cannot write file (File exists)" and "DIR: cannot write file (Is a directory)",
+    # after the whole fit
+    (tmp_path / "steps.csv").write_text(STEP_CSV.format("0.008"))
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "a b c a b", "answer": "a b c"}\n')
+    command = [str(tmp_path / "steps.csv") if a == "STEPS" else str(tmp_path / "pairs.jsonl") if a == "PAIRS" else a
+               for a in command]
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / "afile" / "sub" / "card.yaml"
+    assert main([*command, "--out", str(target)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: cannot write {target}: {tmp_path / 'afile'} is a "
+                                       "file, not a folder\n")
+    assert main([*command, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"servesim: error: --out: {tmp_path} is a folder (expected a file path)\n"
+    # a missing folder is created when the file is written
+    assert main([*command, "--out", str(tmp_path / "new" / "card.yaml")]) == 0
+    assert (tmp_path / "new" / "card.yaml").is_file()
