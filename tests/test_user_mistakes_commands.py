@@ -87,3 +87,34 @@ def test_an_out_file_under_a_file_or_at_a_folder_is_refused_before_the_work(tmp_
     # a missing folder is created when the file is written
     assert main([*command, "--out", str(tmp_path / "new" / "card.yaml")]) == 0
     assert (tmp_path / "new" / "card.yaml").is_file()
+
+
+@pytest.mark.parametrize("command", [["capacity", "CFG"], ["tune-k", "CFG"]])
+def test_one_slo_statistic_given_twice_is_refused(tmp_path, capsys, command):
+    # was accepted: both targets were checked, so the stricter one silently won
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": {"method": "eagle", "num_speculative_tokens": 1}})
+    args = [str(cfg) if a == "CFG" else a for a in command]
+    assert main([*args, "--slo", "ttft_p99=0.5", "--slo", "tpot_p99=0.05", "--slo", "ttft_p99=0.4", "--out",
+                 str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("servesim: error: --slo: ttft_p99 given twice (0.5 s and 0.4 s; expected each "
+                                       "statistic once)\n")
+
+
+def test_tune_k_without_speculation_names_the_config_file(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["tune-k", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {cfg}: speculative_config: tune-k needs a config with a "
+                                       "speculative_config (method, acceptance)\n")
+
+
+def test_tune_k_says_where_no_k_meets_the_slos(tmp_path, capsys):
+    # the table's k is then the one closest to meeting them, which the output did not say
+    spec = {"method": "eagle", "num_speculative_tokens": 1, "acceptance": {"alpha": 0.6}}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
+    base = ["tune-k", str(cfg), "--batch-sizes", "1,2", "--requests-per-client", "2", "--quiet"]
+    assert main([*base, "--slo", "tpot_p99=1e-9", "--out", str(tmp_path / "o")]) == 0
+    note = ("no k meets the SLOs at batch size(s) 1, 2: the k given there is the one closest to meeting them "
+            "(smallest statistic / target)")
+    assert note in capsys.readouterr().out.splitlines()
+    assert main([*base, "--slo", "tpot_p99=10", "--out", str(tmp_path / "o2")]) == 0
+    assert "no k meets" not in capsys.readouterr().out

@@ -55,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: invalid config, SLO or option (one line).
     """
-    from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slo
+    from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slos
     from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.cli.run import parse_overrides
     from servesim.config.models import load_config
     from servesim.errors import ConfigError
     from servesim.sweep.tables import write_csv
 
-    slos = [parse_slo(s) for s in args.slo]
+    slos = parse_slos(args.slo)
     overrides = parse_overrides(args.overrides, None)
     if args.max_requests is not None:
         if args.max_requests < 1:
