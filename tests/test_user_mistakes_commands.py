@@ -118,3 +118,29 @@ def test_tune_k_says_where_no_k_meets_the_slos(tmp_path, capsys):
     assert note in capsys.readouterr().out.splitlines()
     assert main([*base, "--slo", "tpot_p99=10", "--out", str(tmp_path / "o2")]) == 0
     assert "no k meets" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    # a misspelt required key was reported as the required key missing, naming neither the typo nor the file's line
+    ({"hardwar": "h100-sxm", "hardware": None}, "hardwar: unknown key (did you mean hardware?) [and 1 more error]"),
+    ({"engine": {"max_num_seq": 8}}, "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
+    ({"slo": {"ttfts": 1}}, "slo.ttfts: unknown key (did you mean ttft_s?)"),
+    # inside a union member (the workload's type) and a mapping checked against its own model
+    ({"workload": {**SMALL["workload"], "num_request": 5}}, "workload.num_request: unknown key (did you mean "
+                                                            "num_requests?)"),
+    ({"speculative_config": {"method": "eagle", "num_speculative_token": 2}},
+     "speculative_config.num_speculative_token: unknown key (did you mean num_speculative_tokens?)"),
+    ({"xyz": 1}, "xyz: unknown key"),  # nothing close: no guess
+])
+def test_a_misspelt_key_is_named_with_the_key_meant(tmp_path, capsys, change, message):
+    config = {key: value for key, value in {**SMALL, **change}.items() if value is not None}
+    cfg = write_yaml(tmp_path / "c.yaml", config)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
+
+
+def test_a_misspelt_sweep_key_is_named_with_the_key_meant(tmp_path, capsys):
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"seed": [1]}, "replication": 2})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {sweep}: replication: unknown key (did you mean replications?)\n"

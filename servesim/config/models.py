@@ -240,6 +240,24 @@ class SimConfig(_Strict):
             card.model_validate(value)
         return value
 
+    @staticmethod
+    def mapping_models(field: str) -> list[type]:
+        """The models that the mapping given at ``field`` is checked against (``speculative_config``, an
+        inline ``hardware`` or ``model`` card): the keys an error's ``did you mean`` hint picks from."""
+        if field == "speculative_config":
+            from servesim.speculation.config import SpeculativeConfig
+
+            return [SpeculativeConfig]
+        if field == "hardware":
+            from servesim.cards.hardware import HardwareCard
+
+            return [HardwareCard]
+        if field == "model":
+            from servesim.cards.model import ModelCard
+
+            return [ModelCard]
+        return []
+
 
 def load_config(
     path: str | Path, overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None
