@@ -144,3 +144,12 @@ def test_a_misspelt_sweep_key_is_named_with_the_key_meant(tmp_path, capsys):
     sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"seed": [1]}, "replication": 2})
     assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == f"servesim: error: {sweep}: replication: unknown key (did you mean replications?)\n"
+
+
+def test_a_run_config_given_to_validate_is_named_as_one(tmp_path, capsys):
+    # was "c.yaml: hardware: unknown key [and 4 more errors]"
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["validate", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {cfg}: a run config (hardware, model, workload), not a "
+                                       "validation case file: give it to `servesim run`, or to `servesim validate "
+                                       "--server` with --vllm-bench RESULT.json\n")

@@ -213,6 +213,9 @@ def load_case_file(path: str | Path) -> list[LoadedCase]:
     if isinstance(data, dict):
         # top-level keys starting with "_" only hold YAML anchors shared by the cases
         data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("_"))}
+    if isinstance(data, dict) and {"hardware", "model", "workload"} <= set(data):
+        raise ConfigError(f"{p}: a run config (hardware, model, workload), not a validation case file: give it "
+                          "to `servesim run`, or to `servesim validate --server` with --vllm-bench RESULT.json")
     parsed = validate(CaseFile, data, str(p))
     return ([LoadedCase(case=c, file=p, index=i) for i, c in enumerate(parsed.cases)]
             + [LoadedCase(case=c, file=p, index=i, key="vllm_bench") for i, c in enumerate(parsed.vllm_bench)])
