@@ -11,6 +11,7 @@ from servesim.cli import main
 
 from test_cli import write_yaml
 from test_robustness_cli import SMALL
+from test_user_mistakes import _refused_run
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -153,3 +154,10 @@ def test_a_run_config_given_to_validate_is_named_as_one(tmp_path, capsys):
     assert capsys.readouterr().err == (f"servesim: error: {cfg}: a run config (hardware, model, workload), not a "
                                        "validation case file: give it to `servesim run`, or to `servesim validate "
                                        "--server` with --vllm-bench RESULT.json\n")
+
+
+def test_a_set_key_below_a_value_names_the_option(tmp_path, capsys):
+    # was "override: cannot set ...", naming no option or file
+    _, err = _refused_run(tmp_path, capsys, "--set", "workload.num_requests.x=3")
+    assert err == ("servesim: error: --set: cannot set 'workload.num_requests.x': 'workload.num_requests' holds 40 "
+                   "(int), not a mapping\n")

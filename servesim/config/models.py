@@ -291,7 +291,7 @@ def load_config(
                           "`servesim sweep`, or give this command its base run config")
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
-        data = set_dotted(data or {}, key, value)
+        data = set_dotted(data or {}, key, value, source="--set")  # a key that cannot be set is the option's
     return validate_config(data, str(p)), p.resolve().parent
 
 
