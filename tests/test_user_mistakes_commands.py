@@ -161,3 +161,34 @@ def test_a_set_key_below_a_value_names_the_option(tmp_path, capsys):
     _, err = _refused_run(tmp_path, capsys, "--set", "workload.num_requests.x=3")
     assert err == ("servesim: error: --set: cannot set 'workload.num_requests.x': 'workload.num_requests' holds 40 "
                    "(int), not a mapping\n")
+
+
+def test_a_sweep_that_changes_its_table_removes_the_earlier_plots(tmp_path, capsys, monkeypatch):
+    # the figures `servesim plot` drew from the earlier summary.csv stayed beside the new one, looking current
+    import servesim.sweep.runner
+
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+
+    def sweep(rates: list) -> int:
+        spec = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"workload.rate": rates}})
+        return main(["sweep", str(spec), "--out", str(out), "--no-progress"])
+
+    assert sweep([4, 8]) == 0 and main(["plot", str(out)]) == 0
+    drawn = {"latency_vs_throughput.png", "latency_vs_throughput.svg", "latency_vs_throughput.csv"}
+    (out / "heatmap_ttft_s.p99.png").write_bytes(b"an earlier heatmap")
+    assert drawn <= {p.name for p in out.iterdir()}
+    assert sweep([4, 8]) == 0  # every run reused: the same table, its figures still hold
+    assert drawn | {"heatmap_ttft_s.p99.png"} <= {p.name for p in out.iterdir()}
+    assert sweep([4, 8, 16]) == 0
+    assert not {p.name for p in out.iterdir()} & (drawn | {"heatmap_ttft_s.p99.png"})
+    # interrupted, a sweep removes them with its tables
+    assert main(["plot", str(out)]) == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(servesim.sweep.runner, "execute_task", interrupted)
+    assert sweep([2, 4, 8, 16]) == 130
+    assert {p.name for p in out.iterdir()} == {"points", "sweep.json"}
+    capsys.readouterr()
