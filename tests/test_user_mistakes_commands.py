@@ -192,3 +192,11 @@ def test_a_sweep_that_changes_its_table_removes_the_earlier_plots(tmp_path, caps
     assert sweep([2, 4, 8, 16]) == 130
     assert {p.name for p in out.iterdir()} == {"points", "sweep.json"}
     capsys.readouterr()
+
+
+def test_the_alpha_shorthand_with_another_key_names_the_extra_key(tmp_path, capsys):
+    # was "speculative_config.acceptance: alpha: unknown key [and 1 more error]": alpha is the known key
+    spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": {"alpha": 0.5, "decay": 3}}
+    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    assert err == (f"servesim: error: {cfg}: speculative_config.acceptance: the shorthand {{alpha: RATE}} takes no "
+                   "other key (got decay); give a profile mapping (conditional_acceptance: [RATE], ...) for more\n")
