@@ -200,3 +200,12 @@ def test_the_alpha_shorthand_with_another_key_names_the_extra_key(tmp_path, caps
     cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
     assert err == (f"servesim: error: {cfg}: speculative_config.acceptance: the shorthand {{alpha: RATE}} takes no "
                    "other key (got decay); give a profile mapping (conditional_acceptance: [RATE], ...) for more\n")
+
+
+def test_capacity_names_the_replica_limit_it_reached(tmp_path, capsys):
+    # was "no replica count up to the limit serves ...", naming neither the limit nor the option that sets it
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=1e-6", "--replicas", "10", "--replications", "1",
+                 "--max-replicas", "3", "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert ("no replica count up to 3 (the most tried; raise --max-replicas to look further) serves 10 requests/s"
+            in capsys.readouterr().out.splitlines())

@@ -123,7 +123,9 @@ def format_result(result, search) -> str:
             answer += f" (within {100 * result.tolerance:g}%)"
     else:
         rate = result.evaluations[0].rate if result.evaluations else float("nan")
-        answer = (f"no replica count up to the limit serves {rate:g} requests/s" if result.capacity is None
+        most = max((ev.replicas for ev in result.evaluations), default=0)
+        answer = (f"no replica count up to {most} (the most tried; raise --max-replicas to look further) serves "
+                  f"{rate:g} requests/s" if result.capacity is None
                   else f"fewest replicas for {rate:g} requests/s: {result.capacity}")
     lines.append(f"SLOs: {targets}{share}; {result.replications} replication(s) per point")
     lines.append(answer)
