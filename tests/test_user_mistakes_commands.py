@@ -209,3 +209,13 @@ def test_capacity_names_the_replica_limit_it_reached(tmp_path, capsys):
                  "--max-replicas", "3", "--out", str(tmp_path / "o"), "--quiet"]) == 0
     assert ("no replica count up to 3 (the most tried; raise --max-replicas to look further) serves 10 requests/s"
             in capsys.readouterr().out.splitlines())
+
+
+def test_plot_of_a_run_folder_says_it_holds_a_run(tmp_path, capsys):
+    # was "DIR/summary.csv: cannot read the sweep summary (FileNotFoundError); run `servesim sweep` first"
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 0
+    assert main(["plot", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {tmp_path / 'o'}: holds the results of `servesim run` "
+                                       "(summary.json), not of a sweep: plot draws a `servesim sweep` folder (a run "
+                                       "draws its own latency.png)\n")

@@ -44,6 +44,9 @@ def read_sweep_dir(folder: Path):
     from servesim.errors import ConfigError
 
     summary_path, meta_path = folder / "summary.csv", folder / "sweep.json"
+    if not summary_path.exists() and (folder / "summary.json").is_file():
+        raise ConfigError(f"{folder}: holds the results of `servesim run` (summary.json), not of a sweep: plot "
+                          "draws a `servesim sweep` folder (a run draws its own latency.png)")
     try:
         summary = pd.read_csv(summary_path)
     except (OSError, ValueError) as exc:
