@@ -100,7 +100,7 @@ def parse_overrides(
     for text in assignments:
         overrides.append(parse_assignment(text))
     option = speculative_option(assignments, speculative_json, llama_cpp_flags)
-    if option is not None:
+    if option is not None and overrides[0][1] is not None:  # None: --spec-type none removes speculation
         # the option gives the run's whole speculative_config (no --set refines it): its mistakes name the
         # option, and the key as --set takes it
         from servesim.input_files import validate
