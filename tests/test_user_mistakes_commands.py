@@ -219,3 +219,18 @@ def test_plot_of_a_run_folder_says_it_holds_a_run(tmp_path, capsys):
     assert capsys.readouterr().err == (f"servesim: error: {tmp_path / 'o'}: holds the results of `servesim run` "
                                        "(summary.json), not of a sweep: plot draws a `servesim sweep` folder (a run "
                                        "draws its own latency.png)\n")
+
+
+@pytest.mark.parametrize("measure", [{"after_completed": 60}, {"after_s": 1e6}, {"until_s": 1e-3}])
+def test_a_measurement_window_that_holds_no_request_is_refused(tmp_path, capsys, measure):
+    # was accepted: summary.json's measurement_window read 0.0 req/s and 0.0 tok/s (start_s 1e6 > end_s)
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "simulation": {"measure": measure}})
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # an earlier run's: must not stay looking like this one's
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {cfg}: simulation.measure: the window from ") and err.endswith(
+        "holds none of the run's 40 completed requests (expected bounds that leave some inside: after_completed "
+        "below the requests, after_s before the last finish)\n"), err
+    assert list(out.iterdir()) == []

@@ -122,6 +122,23 @@ def speculative_option(assignments: list[str], speculative_json: str | None,
     return "--llama-cpp-spec" if llama_cpp_flags is not None else "--speculative-config"
 
 
+def _check_window(summary: dict, cfg) -> None:
+    """Refuse a ``simulation.measure`` window that holds no completed request (its throughputs would read 0).
+
+    Raises:
+        SettingError: one line naming the config's file, the key, the window and the completed requests.
+    """
+    from servesim.errors import SettingError
+
+    window = summary.get("measurement_window")
+    if window is None or window["completed"] > 0 or not summary.get("completed"):
+        return
+    where = f"{cfg.source}: " if cfg.source is not None else ""
+    raise SettingError(f"{where}simulation.measure: the window from {window['start_s']:.6g} s to {window['end_s']:.6g} s "
+                       f"holds none of the run's {summary['completed']} completed requests (expected bounds that leave "
+                       "some inside: after_completed below the requests, after_s before the last finish)")
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object's members as a dict; a key given twice is refused (as in a YAML config).
 
@@ -162,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         with naming_option_of("speculative_config", option, cfg.source):
             result = simulate(cfg, seed=args.seed, base_dir=folder)
         summary = dict(result.summary)
+        _check_window(summary, cfg)
         summary["setup"] = result.info
         summary["seed"] = cfg.seed if args.seed is None else args.seed
         write_outputs(result.output, summary, out_dir)
