@@ -91,6 +91,35 @@ def prepare_output_dir(path: str | Path, option: str = "--out") -> Path:
     return out
 
 
+def check_output_file(path: str | Path, option: str = "--out") -> Path:
+    """Check, before any work and without creating anything, that the file ``path`` can be written: it is
+    not a folder, and its nearest existing ancestor folder is a writable folder (the folders below it are
+    created when the file is written).
+
+    Returns:
+        ``path`` as a :class:`~pathlib.Path`.
+
+    Raises:
+        ConfigError: ``path`` is empty or a folder, or sits under a file or an unwritable folder (one line
+            naming ``option`` and the path).
+    """
+    from servesim.errors import ConfigError
+
+    if not str(path).strip():
+        raise ConfigError(f"{option}: empty file name (expected a file path)")
+    out = Path(path)
+    if out.is_dir():
+        raise ConfigError(f"{option}: {out} is a folder (expected a file path)")
+    ancestor = out.parent
+    while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise ConfigError(f"{option}: cannot write {out}: {ancestor} is a file, not a folder")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise ConfigError(f"{option}: cannot write {out}: the folder {ancestor} is not writable")
+    return out
+
+
 def remove_stale(folder: str | Path, names: list[str]) -> None:
     """Delete the files ``names`` in ``folder`` that a previous run wrote and this one does not replace.
 

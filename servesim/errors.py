@@ -44,3 +44,22 @@ def naming_settings_of(source: str | None) -> Iterator[None]:
         if source is None:
             raise
         raise SettingError(f"{source}: {exc}") from None
+
+
+@contextmanager
+def naming_option_of(key: str, option: str | None, source: str | None) -> Iterator[None]:
+    """Name the command-line ``option`` (e.g. ``--speculative-config``) instead of the config's file
+    ``source`` in a :class:`SettingError` about ``key`` raised inside, when the option gave ``key``'s whole
+    value (a mistake in it is not in the file).
+
+    Nothing changes when ``option`` is None or for any other error.
+    """
+    try:
+        yield
+    except SettingError as exc:
+        text = str(exc)
+        prefix = f"{source}: " if source is not None else ""
+        rest = text[len(prefix):] if text.startswith(prefix) else ""
+        if option is None or not rest.startswith((f"{key}: ", f"{key}.")):
+            raise
+        raise SettingError(f"{option}: {rest}") from None

@@ -179,17 +179,31 @@ def _child(node: Any, part: Any) -> tuple[bool, Any]:
     return False, None
 
 
-def format_validation_error(exc: ValidationError, source: str, data: Any = None, key_prefix: str | None = None) -> str:
+def format_validation_error(exc: ValidationError, source: str, data: Any = None, key_prefix: str | None = None,
+                            model: type[BaseModel] | None = None) -> str:
     """Turn a pydantic ``ValidationError`` into one line naming ``source`` and the first bad field.
 
     The field is written as a dotted key that ``--set`` accepts (see :func:`user_path`; pass the
     validated ``data`` for that), after ``key_prefix`` when the data sits at that key of a run config.
+    An unknown key close to a key of ``model`` at its level (or to a required key reported missing beside
+    it, as a misspelt required key is) is reported first, with ``(did you mean KEY?)``.
     """
     errors = exc.errors()
     # a boolean where a number was expected is the precise diagnosis, also when pydantic lists first what
     # another member of a union (``str | int``, a list or a mapping) expected
     err = next((e for e in errors if e.get("type") in BOOL_FOR_NUMBER_ERRORS), errors[0])
+    suggestion = None
+    for extra in (e for e in errors if e.get("type") == "extra_forbidden" and e.get("loc")):
+        loc_extra = tuple(extra["loc"])
+        missing = [str(e["loc"][-1]) for e in errors
+                   if e.get("type") == "missing" and tuple(e.get("loc", ()))[:-1] == loc_extra[:-1]]
+        suggestion = _close_key(loc_extra[-1], missing)
+        if suggestion is not None:  # a misspelt required key: the typo is the diagnosis, not the missing key
+            err = extra
+            break
     kind = err.get("type", "")
+    if kind == "extra_forbidden" and suggestion is None and model is not None:
+        suggestion = _close_key(err["loc"][-1], _keys_at(model, tuple(err["loc"])[:-1]))
     loc = user_path(tuple(err.get("loc", ())), data, key_error=kind in ("missing", "extra_forbidden"))
     if key_prefix:
         loc = f"{key_prefix}.{loc}" if loc else key_prefix
@@ -199,7 +213,7 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     got = err.get("input")
     shown = ""
     if kind == "extra_forbidden":
-        msg = "unknown key"
+        msg = "unknown key" + (f" (did you mean {suggestion}?)" if suggestion is not None else "")
     elif kind == "missing":
         msg = "required key is missing"
     elif kind == "union_tag_not_found":  # a discriminated union's tag key (e.g. a workload's ``type``)
@@ -220,6 +234,56 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     tail = f" [and {more} more error{'s' if more > 1 else ''}]" if more > 0 else ""
     field = f" {loc}:" if loc else ""
     return f"{source}:{field} {msg}{shown}{tail}"
+
+
+def _close_key(key: Any, known: Any) -> str | None:
+    """The key of ``known`` that ``key`` most likely misspells (:func:`difflib.get_close_matches`), or None."""
+    import difflib
+
+    if not isinstance(key, str):
+        return None
+    matches = difflib.get_close_matches(key, sorted(set(known) - {key}), n=1, cutoff=0.75)
+    return matches[0] if matches else None
+
+
+def _keys_at(model: type[BaseModel], loc: tuple) -> set[str]:
+    """The keys (field names and aliases) that the models at pydantic location ``loc`` under ``model`` take.
+
+    A part of ``loc`` that is no field is a union tag: it keeps the models one of whose ``Literal`` fields
+    (a discriminator) allows it, or all of them. Empty when the location cannot be followed.
+    """
+    models = [model]
+    for part in loc:
+        fields = [(m, m.model_fields.get(part) or next((f for f in m.model_fields.values() if f.alias == part), None))
+                  for m in models]
+        if any(f is not None for _, f in fields):
+            # a mapping field checked by a validator against its own model names it (SimConfig.mapping_models)
+            models = [sub for m, f in fields if f is not None
+                      for sub in (_models_in(f.annotation) or getattr(m, "mapping_models", lambda _: [])(part))]
+        else:
+            tagged = [m for m in models if any(part in _literals(f.annotation) for f in m.model_fields.values())]
+            models = tagged or models
+        if not models:
+            return set()
+    return {key for m in models for name, f in m.model_fields.items() for key in (name, f.alias) if key}
+
+
+def _models_in(annotation: Any) -> list[type[BaseModel]]:
+    """The pydantic models an annotation holds (through unions, ``Annotated``, lists and dict values)."""
+    from typing import get_args
+
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    return [m for arg in get_args(annotation) for m in _models_in(arg)]
+
+
+def _literals(annotation: Any) -> tuple:
+    """The values of a ``Literal[...]`` annotation (also inside ``Annotated``/``Optional``), else ()."""
+    from typing import Literal, get_args, get_origin
+
+    if get_origin(annotation) is Literal:
+        return get_args(annotation)
+    return tuple(v for arg in get_args(annotation) for v in _literals(arg))
 
 
 def _is_union_tag(part: Any) -> bool:
@@ -247,5 +311,5 @@ def validate(model: type[M], data: Any, source: str, *, key_prefix: str | None =
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(
-            format_validation_error(exc, source, data if isinstance(data, dict) else None, key_prefix)
+            format_validation_error(exc, source, data if isinstance(data, dict) else None, key_prefix, model)
         ) from None

@@ -249,7 +249,7 @@ def test_cli_errors(tmp_path, capsys):
     path.write_text(yaml.safe_dump(data))
     assert main(["tune-k", str(path), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("servesim: error: speculative_config:") and "\n" not in err
+    assert err.startswith(f"servesim: error: {path}: speculative_config:") and "\n" not in err
     path.write_text(yaml.safe_dump(lesson_config()))
     assert main(["tune-k", str(path), "--batch-sizes", "1,x", "--out", str(tmp_path / "o")]) == 2
     assert "--batch-sizes" in capsys.readouterr().err

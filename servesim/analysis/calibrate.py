@@ -81,6 +81,10 @@ __all__ = [
 ]
 
 CSV_COLUMNS: tuple[str, ...] = ("batch_size", "context_tokens", "scheduled_tokens", "step_time_s")
+
+MIN_STEP_TIME_S = 1e-6
+"""Shortest step time read (s): no GPU forward pass takes less than a microsecond (a kernel launch alone
+takes a few); a smaller value is a unit mistake, and its relative error would overflow the fit."""
 """Required columns of a step-time CSV (counts in tokens/requests, time in seconds)."""
 
 
@@ -93,7 +97,7 @@ class StepPoint:
         batch_size: requests in the step (>= 1).
         context_tokens: tokens already in each request's KV cache before the step (>= 0).
         scheduled_tokens: new tokens in the step over all requests (>= batch_size).
-        step_time_s: measured duration in seconds (> 0).
+        step_time_s: measured duration in seconds (>= MIN_STEP_TIME_S, 1e-6).
         where: ``FILE:line N`` (or ``FILE: result N``) for reports and errors.
     """
 
@@ -123,6 +127,16 @@ def _positive_float(text: Any, name: str, where: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise ConfigError(f"{where}: {name}: expected a positive number (got {text!r})")
     return value
+
+
+def _step_time(text: Any, name: str, where: str, unit_s: float = 1.0) -> float:
+    """A measured step time ``text`` in units of ``unit_s`` seconds, as seconds (>= :data:`MIN_STEP_TIME_S`)."""
+    seconds = _positive_float(text, name, where) * unit_s
+    if seconds < MIN_STEP_TIME_S:
+        unit = "s" if unit_s == 1.0 else "ms"
+        raise ConfigError(f"{where}: {name}: expected a step time of at least {MIN_STEP_TIME_S / unit_s:g} {unit} "
+                          f"(got {text!r}; is it in another unit?)")
+    return seconds
 
 
 def read_step_times_csv(path: str | Path) -> list[StepPoint]:
@@ -157,7 +171,7 @@ def read_step_times_csv(path: str | Path) -> list[StepPoint]:
         b = _int_field(row[idx["batch_size"]].strip(), "batch_size", where, 1)
         c = _int_field(row[idx["context_tokens"]].strip(), "context_tokens", where, 0)
         t = _int_field(row[idx["scheduled_tokens"]].strip(), "scheduled_tokens", where, 1)
-        s = _positive_float(row[idx["step_time_s"]].strip(), "step_time_s", where)
+        s = _step_time(row[idx["step_time_s"]].strip(), "step_time_s", where)
         if t < b:
             raise ConfigError(f"{where}: scheduled_tokens: expected >= batch_size = {b} (every request in the "
                               f"step schedules at least one token; got {t})")
@@ -174,7 +188,7 @@ def _bench_point(obj: Any, where: str) -> StepPoint:
     if not isinstance(completed, (int, float)) or isinstance(completed, bool) or completed <= 0:
         raise ConfigError(f"{where}: completed: expected a positive number of requests (got {completed!r})")
     tpot_key = "median_tpot_ms" if obj.get("median_tpot_ms") is not None else "mean_tpot_ms"
-    tpot_s = _positive_float(obj.get(tpot_key), tpot_key, where) / 1000.0
+    tpot_s = _step_time(obj.get(tpot_key), tpot_key, where, unit_s=1e-3)
     conc = obj.get("max_concurrency")
     if conc is not None:
         batch = _positive_float(conc, "max_concurrency", where)

@@ -99,6 +99,24 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
     return Slo(metric, stat, target)
 
 
+def parse_slos(texts: list[str], source: str = "--slo") -> list[Slo]:
+    """Parse every ``METRIC_STAT=SECONDS`` of a repeated option (see :func:`parse_slo`), in order.
+
+    Raises:
+        ConfigError: as :func:`parse_slo`, or one statistic given twice (which target would hold is not
+            clear: both were checked, so the stricter silently won).
+    """
+    slos: list[Slo] = []
+    for text in texts:
+        slo = parse_slo(text, source)
+        earlier = next((s for s in slos if s.name == slo.name), None)
+        if earlier is not None:
+            raise ConfigError(f"{source}: {slo.name} given twice ({earlier.target_s:g} s and {slo.target_s:g} s; "
+                              "expected each statistic once)")
+        slos.append(slo)
+    return slos
+
+
 @dataclass
 class Evaluation:
     """One evaluated point.

@@ -437,7 +437,9 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
     from servesim.workload.config import MAX_REQUESTS
 
     if cfg.speculative_config is None:
-        raise ConfigError("speculative_config: tune-k needs a config with a speculative_config (method, acceptance)")
+        where = f"{cfg.source}: " if cfg.source is not None else ""
+        raise ConfigError(f"{where}speculative_config: tune-k needs a config with a speculative_config (method, "
+                          "acceptance)")
     # checked when the SimConfig was validated (its errors name the config file); a mapping changed since
     # is named as what it is
     spec_model = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")

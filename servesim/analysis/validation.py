@@ -213,6 +213,9 @@ def load_case_file(path: str | Path) -> list[LoadedCase]:
     if isinstance(data, dict):
         # top-level keys starting with "_" only hold YAML anchors shared by the cases
         data = {k: v for k, v in data.items() if not (isinstance(k, str) and k.startswith("_"))}
+    if isinstance(data, dict) and {"hardware", "model", "workload"} <= set(data):
+        raise ConfigError(f"{p}: a run config (hardware, model, workload), not a validation case file: give it "
+                          "to `servesim run`, or to `servesim validate --server` with --vllm-bench RESULT.json")
     parsed = validate(CaseFile, data, str(p))
     return ([LoadedCase(case=c, file=p, index=i) for i, c in enumerate(parsed.cases)]
             + [LoadedCase(case=c, file=p, index=i, key="vllm_bench") for i, c in enumerate(parsed.vllm_bench)])
@@ -395,6 +398,12 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
     if not result_path.is_absolute():
         result_path = base / result_path
     result = read_bench_result(result_path)
+    present = [key for key, _, _, _ in METRICS
+                if not (isinstance(result.get(key), float) and math.isnan(result[key]))
+                and result_number(result, key, str(result_path))]
+    if not present:  # nothing to compare: the run would end in an empty table
+        raise ConfigError(f"{result_path}: no measured metric to compare (expected one of "
+                          f"{', '.join(key for key, _, _, _ in METRICS)} > 0)")
     server = case.config
     folder = base
     if isinstance(server, str):
@@ -410,12 +419,9 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
         summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
     out = []
     for key, sim_key, unit, factor in METRICS:
-        if isinstance(result.get(key), float) and math.isnan(result[key]):
-            continue  # vLLM writes NaN for a mean over no values (TPOT when every output is one token)
-        value = result_number(result, key, str(result_path))
-        if not value:
-            continue
-        measured = value * factor
+        if key not in present:
+            continue  # absent, 0, or NaN: vLLM writes NaN for a mean over no values (every output one token)
+        measured = result_number(result, key, str(result_path)) * factor
         simulated = summary_value(summary, sim_key, f"{where}")
         rel = relative_error(simulated, measured, measured)
         out.append(CaseResult(

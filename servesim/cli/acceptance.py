@@ -178,6 +178,10 @@ def _profile_yaml(profile: AcceptanceProfile) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run the chosen ``acceptance`` sub-command; returns the exit status."""
+    if args.out is not None:
+        from servesim.atomic import check_output_file
+
+        check_output_file(args.out)  # before reading the input: an unwritable --out fails at once
     if args.acceptance_command in ("from-vllm-log", "from-prometheus", "from-llamacpp"):
         return _run_from_logs(args)
     if args.acceptance_command != "ngram":  # pragma: no cover - argparse restricts the choices

@@ -47,6 +47,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.tp < 1:
         raise ConfigError(f"--tp: expected tensor_parallel_size >= 1 (got {args.tp})")
+    if args.out is not None:
+        from servesim.atomic import check_output_file
+
+        check_output_file(args.out)  # before the fit: an unwritable --out fails at once
     hardware = load_hardware(args.hardware, source="--hardware")
     model = load_model(args.model, source="--model")
     points = []

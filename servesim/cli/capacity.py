@@ -55,14 +55,14 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: invalid config, SLO or option (one line).
     """
-    from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slo
+    from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slos
     from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.cli.run import parse_overrides
     from servesim.config.models import load_config
     from servesim.errors import ConfigError
     from servesim.sweep.tables import write_csv
 
-    slos = [parse_slo(s) for s in args.slo]
+    slos = parse_slos(args.slo)
     overrides = parse_overrides(args.overrides, None)
     if args.max_requests is not None:
         if args.max_requests < 1:
@@ -123,7 +123,9 @@ def format_result(result, search) -> str:
             answer += f" (within {100 * result.tolerance:g}%)"
     else:
         rate = result.evaluations[0].rate if result.evaluations else float("nan")
-        answer = (f"no replica count up to the limit serves {rate:g} requests/s" if result.capacity is None
+        most = max((ev.replicas for ev in result.evaluations), default=0)
+        answer = (f"no replica count up to {most} (the most tried; raise --max-replicas to look further) serves "
+                  f"{rate:g} requests/s" if result.capacity is None
                   else f"fewest replicas for {rate:g} requests/s: {result.capacity}")
     lines.append(f"SLOs: {targets}{share}; {result.replications} replication(s) per point")
     lines.append(answer)

@@ -44,6 +44,9 @@ def read_sweep_dir(folder: Path):
     from servesim.errors import ConfigError
 
     summary_path, meta_path = folder / "summary.csv", folder / "sweep.json"
+    if not summary_path.exists() and (folder / "summary.json").is_file():
+        raise ConfigError(f"{folder}: holds the results of `servesim run` (summary.json), not of a sweep: plot "
+                          "draws a `servesim sweep` folder (a run draws its own latency.png)")
     try:
         summary = pd.read_csv(summary_path)
     except (OSError, ValueError) as exc:
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: unreadable sweep folder, a bad ``--x``/``--along``/``--slo``/``--heatmap``.
     """
-    from servesim.analysis.capacity import parse_slo
+    from servesim.analysis.capacity import parse_slos
     from servesim.errors import ConfigError
     from servesim.plots.curves import THROUGHPUT_AXES, axis_labels, plot_latency_curves, plot_speedup
     from servesim.atomic import prepare_output_dir, remove_stale
@@ -79,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     columns = list(keys.values())
     labels = axis_labels(keys)
     out = args.out or args.dir
-    slos = {s.name: s.target_s for s in (parse_slo(t) for t in args.slo)}
+    slos = {s.name: s.target_s for s in parse_slos(args.slo)}
     heatmaps = [parse_heatmap(h) for h in args.heatmap]
     if not columns:
         raise ConfigError(f"{args.dir / 'sweep.json'}: the sweep has no swept columns to plot against")

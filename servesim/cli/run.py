@@ -99,16 +99,44 @@ def parse_overrides(
         overrides.append(("speculative_config", spec))
     for text in assignments:
         overrides.append(parse_assignment(text))
-    option = "--llama-cpp-spec" if llama_cpp_flags is not None else "--speculative-config"
-    given = overrides[0][1] if llama_cpp_flags is not None or speculative_json is not None else None
-    if given is not None and not any(key.split(".")[0] == "speculative_config" for key, _ in overrides[1:]):
+    option = speculative_option(assignments, speculative_json, llama_cpp_flags)
+    if option is not None and overrides[0][1] is not None:  # None: --spec-type none removes speculation
         # the option gives the run's whole speculative_config (no --set refines it): its mistakes name the
         # option, and the key as --set takes it
         from servesim.input_files import validate
         from servesim.speculation.config import SpeculativeConfig
 
-        validate(SpeculativeConfig, given, option, key_prefix="speculative_config")
+        validate(SpeculativeConfig, overrides[0][1], option, key_prefix="speculative_config")
     return overrides
+
+
+def speculative_option(assignments: list[str], speculative_json: str | None,
+                       llama_cpp_flags: str | None = None) -> str | None:
+    """The option (``--speculative-config`` or ``--llama-cpp-spec``) that gives the run's whole
+    ``speculative_config``, or None when neither is given or a ``--set speculative_config...`` refines it
+    (its mistakes are then the config's)."""
+    if llama_cpp_flags is None and speculative_json is None:
+        return None
+    if any(text.split("=", 1)[0].strip().split(".")[0] == "speculative_config" for text in assignments):
+        return None
+    return "--llama-cpp-spec" if llama_cpp_flags is not None else "--speculative-config"
+
+
+def _check_window(summary: dict, cfg) -> None:
+    """Refuse a ``simulation.measure`` window that holds no completed request (its throughputs would read 0).
+
+    Raises:
+        SettingError: one line naming the config's file, the key, the window and the completed requests.
+    """
+    from servesim.errors import SettingError
+
+    window = summary.get("measurement_window")
+    if window is None or window["completed"] > 0 or not summary.get("completed"):
+        return
+    where = f"{cfg.source}: " if cfg.source is not None else ""
+    raise SettingError(f"{where}simulation.measure: the window from {window['start_s']:.6g} s to {window['end_s']:.6g} s "
+                       f"holds none of the run's {summary['completed']} completed requests (expected bounds that leave "
+                       "some inside: after_completed below the requests, after_s before the last finish)")
 
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -132,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
     from servesim.metrics import format_summary_table, write_outputs
     from servesim.api import simulate
     from servesim.atomic import prepare_output_dir, remove_stale, replacing_outputs
+    from servesim.errors import naming_option_of
 
     # the modules just imported live as long as the process: out of the garbage collector's sight
     # (gc.freeze), its full collections during the run walk only the run's own objects
@@ -145,8 +174,12 @@ def run(args: argparse.Namespace) -> int:
     out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
     # a failure or Ctrl-C while simulating or writing leaves none of the outputs (no partial set)
     with replacing_outputs(out_dir, RUN_OUTPUTS):
-        result = simulate(cfg, seed=args.seed, base_dir=folder)
+        # a setting of --speculative-config refused when the run is set up names the option, not the file
+        option = speculative_option(args.overrides, args.speculative_config, getattr(args, "llama_cpp_spec", None))
+        with naming_option_of("speculative_config", option, cfg.source):
+            result = simulate(cfg, seed=args.seed, base_dir=folder)
         summary = dict(result.summary)
+        _check_window(summary, cfg)
         summary["setup"] = result.info
         summary["seed"] = cfg.seed if args.seed is None else args.seed
         write_outputs(result.output, summary, out_dir)

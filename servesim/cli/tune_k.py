@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: invalid config or option (one line).
     """
-    from servesim.analysis.capacity import parse_slo
+    from servesim.analysis.capacity import parse_slos
     from servesim.analysis.tune_k import tune_k
     from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.cli.run import parse_overrides
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
     from servesim.sweep.store import atomic_write_text
     from servesim.sweep.tables import write_csv
 
-    slos = [parse_slo(s) for s in args.slo]
+    slos = parse_slos(args.slo)
     sizes = parse_batch_sizes(args.batch_sizes)
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, None))
     out = prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
@@ -121,6 +121,12 @@ def format_result(result) -> str:
                      f"{r['none_output_throughput']:11.1f} {r['fixed_output_throughput']:11.1f} "
                      f"{r['tuned_output_throughput']:11.1f} {r['tuned_vs_fixed']:11.3f} {r['tuned_vs_none']:10.3f}")
     lines.append(f"best fixed k: {result.best_fixed_k}; table boundaries: {result.boundary}")
+    if result.slos:
+        ks = result.grid[result.grid["variant"].str.startswith("k=")]
+        unmet = [int(b) for b, g in ks.groupby("batch_size", sort=True) if not g["slo_met"].any()]
+        if unmet:  # the table's k there meets nothing: say so, not only in tune_k_grid.csv
+            lines.append(f"no k meets the SLOs at batch size(s) {', '.join(map(str, unmet))}: the k given there is "
+                         "the one closest to meeting them (smallest statistic / target)")
     if result.vllm_config is None:
         lines.append("speculation does not pay at any batch size tried: run vLLM without --speculative-config")
     else:

@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from servesim.errors import ConfigError
 
     bench = list(getattr(args, "vllm_bench", []) or [])
+    if args.server and not bench:  # otherwise ignored: the published cases would run as if it were used
+        raise ConfigError("validate: --server is the server of --vllm-bench RESULT.json: give both, or neither")
     cases = load_cases(list(args.cases), fast_only=args.fast) if args.cases or not bench else []
     if bench:
         from servesim.analysis.bench_replay import BenchCase

@@ -240,6 +240,24 @@ class SimConfig(_Strict):
             card.model_validate(value)
         return value
 
+    @staticmethod
+    def mapping_models(field: str) -> list[type]:
+        """The models that the mapping given at ``field`` is checked against (``speculative_config``, an
+        inline ``hardware`` or ``model`` card): the keys an error's ``did you mean`` hint picks from."""
+        if field == "speculative_config":
+            from servesim.speculation.config import SpeculativeConfig
+
+            return [SpeculativeConfig]
+        if field == "hardware":
+            from servesim.cards.hardware import HardwareCard
+
+            return [HardwareCard]
+        if field == "model":
+            from servesim.cards.model import ModelCard
+
+            return [ModelCard]
+        return []
+
 
 def load_config(
     path: str | Path, overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None
@@ -273,7 +291,7 @@ def load_config(
                           "`servesim sweep`, or give this command its base run config")
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
-        data = set_dotted(data or {}, key, value)
+        data = set_dotted(data or {}, key, value, source="--set")  # a key that cannot be set is the option's
     return validate_config(data, str(p)), p.resolve().parent
 
 

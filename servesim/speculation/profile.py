@@ -459,6 +459,10 @@ def load_profile(spec: Any, base_dir: str | Path | None = None, source: str = "a
             "conditional_acceptance": [alpha],
         }
         return validate(AcceptanceProfile, data, f"{source}.alpha")
+    if isinstance(spec, dict) and "alpha" in spec:  # the shorthand with more keys: not a profile mapping either
+        others = ", ".join(sorted(str(key) for key in spec if key != "alpha"))
+        raise ConfigError(f"{source}: the shorthand {{alpha: RATE}} takes no other key (got {others}); give a "
+                          "profile mapping (conditional_acceptance: [RATE], ...) for more")
     if isinstance(spec, (list, tuple)):
         data = {"name": "inline", "source": f"inline rates in {source}", "per_position_acceptance": list(spec)}
         return validate(AcceptanceProfile, data, source)

@@ -36,6 +36,17 @@ Simulate = Callable[..., Any]
 #: Tables rebuilt at the end of every invocation (removed when one is interrupted or fails).
 SWEEP_TABLES = ("summary.csv", "speedup.csv")
 
+#: What ``servesim plot DIR`` draws into a sweep's folder from its tables (with ``heatmap_*``): removed when a
+#: sweep changes ``summary.csv`` or is interrupted, so that no figure of an earlier table looks current.
+PLOT_FIGURES = ("latency_vs_throughput.png", "latency_vs_throughput.svg", "latency_vs_throughput.csv",
+                "acceptance.png", "acceptance.svg", "acceptance.csv", "speedup.png", "speedup.svg", "speedup_curve.csv")
+
+
+def plot_figures(out: Path) -> list[str]:
+    """The names of the figures (and their data) of :data:`PLOT_FIGURES` and ``heatmap_*`` in ``out``."""
+    heatmaps = sorted(p.name for p in out.glob("heatmap_*") if p.suffix in (".png", ".svg", ".csv"))
+    return [name for name in PLOT_FIGURES if (out / name).exists()] + heatmaps
+
 
 @dataclass(frozen=True)
 class Task:
@@ -312,9 +323,11 @@ def run_sweep(
             )
         bar.update(1)
 
+    figures = plot_figures(out)
     try:
-        # interrupted: an earlier invocation's tables (maybe of another grid) must not look like this one's
-        with replacing_outputs(out, SWEEP_TABLES), open_executor(executor, jobs) as pool:
+        # interrupted: an earlier invocation's tables (maybe of another grid) and the figures drawn from them
+        # must not look like this one's
+        with replacing_outputs(out, SWEEP_TABLES + tuple(figures)), open_executor(executor, jobs) as pool:
             if pool is None:
                 for task in pending():
                     finish(task, *execute_task(simulate, task.config, task.seed, base_dir))
@@ -330,7 +343,10 @@ def run_sweep(
         if record is not None:
             records.append((task.point, task.replication, record))
     summary = summary_frame(loaded, records)
+    earlier = (out / "summary.csv").read_bytes() if (out / "summary.csv").is_file() else None
     write_csv(summary, out / "summary.csv")
+    if figures and (out / "summary.csv").read_bytes() != earlier:
+        remove_stale(out, figures)  # drawn by `servesim plot` from the earlier table
     speedup = None
     if loaded.config.baseline is None:
         remove_stale(out, ["speedup.csv"])  # from an earlier invocation that had a baseline

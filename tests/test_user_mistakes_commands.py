@@ -1,0 +1,236 @@
+"""Regression tests for defects found by trying every command as a new user: mistakes in options and in
+the files they read get one line naming the option or the file, the field or line, and what was expected."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from servesim.cli import main
+
+from test_cli import write_yaml
+from test_robustness_cli import SMALL
+from test_user_mistakes import _refused_run
+
+
+@pytest.mark.parametrize("spec, message", [
+    # refused when the run is set up (not by the option's own validation): named the config file, where the
+    # user would look in vain
+    ({"method": "eagle", "num_speculative_tokens": 2, "acceptance": [0.8, 1.2]},
+     "speculative_config.acceptance: per_position_acceptance.1: Input should be less than or equal to 1 (got 1.2)"),
+    ({"method": "eagle", "num_speculative_tokens": 2, "draft_tensor_parallel_size": 2},
+     "speculative_config.draft_tensor_parallel_size: 2 cannot be other value than 1 or target model "
+     "tensor_parallel_size (1)"),
+])
+def test_speculative_config_option_settings_refused_when_wired_name_the_option(tmp_path, capsys, spec, message):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    argv = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--speculative-config", json.dumps(spec)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: --speculative-config: {message}\n"
+    # refined by --set, the speculative_config is the config's: named by its file
+    assert main([*argv, "--set", "speculative_config.method=eagle"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
+
+
+def test_vllm_bench_result_without_a_metric_is_refused(tmp_path, capsys):
+    # was "0 of 0 cases within tolerance", a matplotlib warning on stderr and exit status 0
+    bench = tmp_path / "r.json"
+    bench.write_text(json.dumps({"completed": 2, "input_lens": [5, 5], "output_lens": [5, 5], "max_concurrency": 1,
+                                 "mean_ttft_ms": 0, "mean_tpot_ms": float("nan")}))
+    server = write_yaml(tmp_path / "server.yaml", SMALL)
+    assert main(["validate", "--vllm-bench", str(bench), "--server", str(server), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"servesim: error: {bench}: no measured metric to compare (expected one of mean_ttft_ms, mean_tpot_ms, "
+        "output_throughput > 0)")
+
+
+def test_validate_server_without_vllm_bench_is_refused(tmp_path, capsys):
+    # was ignored: the published cases ran as if the server had been replayed
+    server = write_yaml(tmp_path / "server.yaml", SMALL)
+    assert main(["validate", "--server", str(server), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("servesim: error: validate: --server is the server of --vllm-bench "
+                                       "RESULT.json: give both, or neither\n")
+    assert not (tmp_path / "o").exists()
+
+
+STEP_CSV = "batch_size,context_tokens,scheduled_tokens,step_time_s\n1,256,1,{}\n2,1,2,0.009\n4,256,4,0.008\n8,100,8,0.01\n"
+
+
+@pytest.mark.parametrize("step_time", ["1e-300", "1e-9"])
+def test_calibrate_refuses_step_times_below_a_microsecond(tmp_path, capsys, step_time):
+    # 1e-300 s was a traceback (the fit's relative errors overflowed: "array must not contain infs or NaNs")
+    data = tmp_path / "steps.csv"
+    data.write_text(STEP_CSV.format(step_time))
+    assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(data)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {data}: line 2: step_time_s: expected a step time of at "
+                                       f"least 1e-06 s (got '{step_time}'; is it in another unit?)\n")
+
+
+@pytest.mark.parametrize("command", [
+    ["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", "STEPS"],
+    ["acceptance", "ngram", "--input", "PAIRS", "--k", "3"],
+])
+def test_an_out_file_under_a_file_or_at_a_folder_is_refused_before_the_work(tmp_path, capsys, command):
+    # were "afile/x.yaml: cannot write file (File exists)" and "DIR: cannot write file (Is a directory)",
+    # after the whole fit
+    (tmp_path / "steps.csv").write_text(STEP_CSV.format("0.008"))
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "a b c a b", "answer": "a b c"}\n')
+    command = [str(tmp_path / "steps.csv") if a == "STEPS" else str(tmp_path / "pairs.jsonl") if a == "PAIRS" else a
+               for a in command]
+    (tmp_path / "afile").write_text("x")
+    target = tmp_path / "afile" / "sub" / "card.yaml"
+    assert main([*command, "--out", str(target)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: cannot write {target}: {tmp_path / 'afile'} is a "
+                                       "file, not a folder\n")
+    assert main([*command, "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"servesim: error: --out: {tmp_path} is a folder (expected a file path)\n"
+    # a missing folder is created when the file is written
+    assert main([*command, "--out", str(tmp_path / "new" / "card.yaml")]) == 0
+    assert (tmp_path / "new" / "card.yaml").is_file()
+
+
+@pytest.mark.parametrize("command", [["capacity", "CFG"], ["tune-k", "CFG"]])
+def test_one_slo_statistic_given_twice_is_refused(tmp_path, capsys, command):
+    # was accepted: both targets were checked, so the stricter one silently won
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": {"method": "eagle", "num_speculative_tokens": 1}})
+    args = [str(cfg) if a == "CFG" else a for a in command]
+    assert main([*args, "--slo", "ttft_p99=0.5", "--slo", "tpot_p99=0.05", "--slo", "ttft_p99=0.4", "--out",
+                 str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == ("servesim: error: --slo: ttft_p99 given twice (0.5 s and 0.4 s; expected each "
+                                       "statistic once)\n")
+
+
+def test_tune_k_without_speculation_names_the_config_file(tmp_path, capsys):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["tune-k", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {cfg}: speculative_config: tune-k needs a config with a "
+                                       "speculative_config (method, acceptance)\n")
+
+
+def test_tune_k_says_where_no_k_meets_the_slos(tmp_path, capsys):
+    # the table's k is then the one closest to meeting them, which the output did not say
+    spec = {"method": "eagle", "num_speculative_tokens": 1, "acceptance": {"alpha": 0.6}}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
+    base = ["tune-k", str(cfg), "--batch-sizes", "1,2", "--requests-per-client", "2", "--quiet"]
+    assert main([*base, "--slo", "tpot_p99=1e-9", "--out", str(tmp_path / "o")]) == 0
+    note = ("no k meets the SLOs at batch size(s) 1, 2: the k given there is the one closest to meeting them "
+            "(smallest statistic / target)")
+    assert note in capsys.readouterr().out.splitlines()
+    assert main([*base, "--slo", "tpot_p99=10", "--out", str(tmp_path / "o2")]) == 0
+    assert "no k meets" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("change, message", [
+    # a misspelt required key was reported as the required key missing, naming neither the typo nor the file's line
+    ({"hardwar": "h100-sxm", "hardware": None}, "hardwar: unknown key (did you mean hardware?) [and 1 more error]"),
+    ({"engine": {"max_num_seq": 8}}, "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
+    ({"slo": {"ttfts": 1}}, "slo.ttfts: unknown key (did you mean ttft_s?)"),
+    # inside a union member (the workload's type) and a mapping checked against its own model
+    ({"workload": {**SMALL["workload"], "num_request": 5}}, "workload.num_request: unknown key (did you mean "
+                                                            "num_requests?)"),
+    ({"speculative_config": {"method": "eagle", "num_speculative_token": 2}},
+     "speculative_config.num_speculative_token: unknown key (did you mean num_speculative_tokens?)"),
+    ({"xyz": 1}, "xyz: unknown key"),  # nothing close: no guess
+])
+def test_a_misspelt_key_is_named_with_the_key_meant(tmp_path, capsys, change, message):
+    config = {key: value for key, value in {**SMALL, **change}.items() if value is not None}
+    cfg = write_yaml(tmp_path / "c.yaml", config)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
+
+
+def test_a_misspelt_sweep_key_is_named_with_the_key_meant(tmp_path, capsys):
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"seed": [1]}, "replication": 2})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {sweep}: replication: unknown key (did you mean replications?)\n"
+
+
+def test_a_run_config_given_to_validate_is_named_as_one(tmp_path, capsys):
+    # was "c.yaml: hardware: unknown key [and 4 more errors]"
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["validate", str(cfg), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {cfg}: a run config (hardware, model, workload), not a "
+                                       "validation case file: give it to `servesim run`, or to `servesim validate "
+                                       "--server` with --vllm-bench RESULT.json\n")
+
+
+def test_a_set_key_below_a_value_names_the_option(tmp_path, capsys):
+    # was "override: cannot set ...", naming no option or file
+    _, err = _refused_run(tmp_path, capsys, "--set", "workload.num_requests.x=3")
+    assert err == ("servesim: error: --set: cannot set 'workload.num_requests.x': 'workload.num_requests' holds 40 "
+                   "(int), not a mapping\n")
+
+
+def test_a_sweep_that_changes_its_table_removes_the_earlier_plots(tmp_path, capsys, monkeypatch):
+    # the figures `servesim plot` drew from the earlier summary.csv stayed beside the new one, looking current
+    import servesim.sweep.runner
+
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+
+    def sweep(rates: list) -> int:
+        spec = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"workload.rate": rates}})
+        return main(["sweep", str(spec), "--out", str(out), "--no-progress"])
+
+    assert sweep([4, 8]) == 0 and main(["plot", str(out)]) == 0
+    drawn = {"latency_vs_throughput.png", "latency_vs_throughput.svg", "latency_vs_throughput.csv"}
+    (out / "heatmap_ttft_s.p99.png").write_bytes(b"an earlier heatmap")
+    assert drawn <= {p.name for p in out.iterdir()}
+    assert sweep([4, 8]) == 0  # every run reused: the same table, its figures still hold
+    assert drawn | {"heatmap_ttft_s.p99.png"} <= {p.name for p in out.iterdir()}
+    assert sweep([4, 8, 16]) == 0
+    assert not {p.name for p in out.iterdir()} & (drawn | {"heatmap_ttft_s.p99.png"})
+    # interrupted, a sweep removes them with its tables
+    assert main(["plot", str(out)]) == 0
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(servesim.sweep.runner, "execute_task", interrupted)
+    assert sweep([2, 4, 8, 16]) == 130
+    assert {p.name for p in out.iterdir()} == {"points", "sweep.json"}
+    capsys.readouterr()
+
+
+def test_the_alpha_shorthand_with_another_key_names_the_extra_key(tmp_path, capsys):
+    # was "speculative_config.acceptance: alpha: unknown key [and 1 more error]": alpha is the known key
+    spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": {"alpha": 0.5, "decay": 3}}
+    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    assert err == (f"servesim: error: {cfg}: speculative_config.acceptance: the shorthand {{alpha: RATE}} takes no "
+                   "other key (got decay); give a profile mapping (conditional_acceptance: [RATE], ...) for more\n")
+
+
+def test_capacity_names_the_replica_limit_it_reached(tmp_path, capsys):
+    # was "no replica count up to the limit serves ...", naming neither the limit nor the option that sets it
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=1e-6", "--replicas", "10", "--replications", "1",
+                 "--max-replicas", "3", "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert ("no replica count up to 3 (the most tried; raise --max-replicas to look further) serves 10 requests/s"
+            in capsys.readouterr().out.splitlines())
+
+
+def test_plot_of_a_run_folder_says_it_holds_a_run(tmp_path, capsys):
+    # was "DIR/summary.csv: cannot read the sweep summary (FileNotFoundError); run `servesim sweep` first"
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 0
+    assert main(["plot", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {tmp_path / 'o'}: holds the results of `servesim run` "
+                                       "(summary.json), not of a sweep: plot draws a `servesim sweep` folder (a run "
+                                       "draws its own latency.png)\n")
+
+
+@pytest.mark.parametrize("measure", [{"after_completed": 60}, {"after_s": 1e6}, {"until_s": 1e-3}])
+def test_a_measurement_window_that_holds_no_request_is_refused(tmp_path, capsys, measure):
+    # was accepted: summary.json's measurement_window read 0.0 req/s and 0.0 tok/s (start_s 1e6 > end_s)
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "simulation": {"measure": measure}})
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "summary.json").write_text("{}")  # an earlier run's: must not stay looking like this one's
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {cfg}: simulation.measure: the window from ") and err.endswith(
+        "holds none of the run's 40 completed requests (expected bounds that leave some inside: after_completed "
+        "below the requests, after_s before the last finish)\n"), err
+    assert list(out.iterdir()) == []
