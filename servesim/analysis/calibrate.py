@@ -81,11 +81,11 @@ __all__ = [
 ]
 
 CSV_COLUMNS: tuple[str, ...] = ("batch_size", "context_tokens", "scheduled_tokens", "step_time_s")
+"""Required columns of a step-time CSV (counts in tokens/requests, time in seconds)."""
 
 MIN_STEP_TIME_S = 1e-6
 """Shortest step time read (s): no GPU forward pass takes less than a microsecond (a kernel launch alone
 takes a few); a smaller value is a unit mistake, and its relative error would overflow the fit."""
-"""Required columns of a step-time CSV (counts in tokens/requests, time in seconds)."""
 
 
 
