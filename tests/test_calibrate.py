@@ -110,6 +110,22 @@ def test_too_few_points(cards):
         fit_step_times(hw, model, [StepPoint(1, 10, 1, 0.01, "x.csv:2")] * 2)
 
 
+def test_steps_of_one_shape_are_refused_not_reported_as_a_fit(cards):
+    # four measurements of the same step are one equation: bandwidth, overhead and the per-request term
+    # all move it, so no fit can tell them apart (the report said "fitted" with R^2 = nan)
+    hw, model = cards
+    points = [StepPoint(8, 512, 8, 0.0081, f"x.csv:line {i + 2}") for i in range(4)]
+    with pytest.raises(ConfigError, match=r"^x\.csv: all 4 measured steps have one shape \(batch 8, context 512, "
+                                          r"8 scheduled tokens\): they cannot determine bandwidth_efficiency"):
+        fit_step_times(hw, model, points)
+    # one shape differing in its time only is refused the same way; two shapes are fitted
+    varied = points[:2] + [StepPoint(8, 512, 8, 0.0083, "x.csv:line 9")]
+    with pytest.raises(ConfigError, match="one shape"):
+        fit_step_times(hw, model, varied)
+    fit = fit_step_times(hw, model, points[:2] + [StepPoint(64, 512, 64, 0.0120, "x.csv:line 9")])
+    assert np.isfinite(fit.r_squared)
+
+
 @pytest.mark.parametrize(
     "body, match",
     [

@@ -360,7 +360,8 @@ def fit_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[St
         a :class:`CalibrationFit` (predictions from the real step-time model with the fitted card).
 
     Raises:
-        ConfigError: fewer than 3 points.
+        ConfigError: fewer than 3 points, or points all of one shape (batch, context, scheduled tokens) when
+            more than one field moves their time.
     """
     from scipy.optimize import least_squares
 
@@ -379,6 +380,13 @@ def fit_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[St
         probe = min(max(probe, lo), hi) if probe <= hi else value * 0.9
         moved = predict_step_times(hardware.model_copy(update={name: probe}), model, points, tp)
         (free if np.max(np.abs(moved / base_pred - 1)) > 0.005 else kept).append(name)
+    shapes = {(pt.batch_size, pt.context_tokens, pt.scheduled_tokens) for pt in points}
+    if len(shapes) == 1 and len(free) > 1:  # one step time, measured N times, cannot tell the fields apart
+        (batch, context, tokens), = shapes
+        where = points[0].where.rsplit(":", 1)[0] or "--data"
+        raise ConfigError(f"{where}: all {len(points)} measured steps have one shape (batch {batch}, context "
+                          f"{context}, {tokens} scheduled tokens): they cannot determine {', '.join(free)} apart "
+                          "(expected steps of several batch sizes, contexts or token counts)")
     scale = np.array([_SCALE.get(n, 1.0) for n in free])
 
     def card_of(x: np.ndarray) -> HardwareCard:
