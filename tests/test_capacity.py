@@ -208,6 +208,37 @@ def test_search_is_bounded_when_the_slo_is_always_or_never_met():
     assert "meets the SLOs at no rate down to 1.907e-06 requests/s" in format_result(never, search)
 
 
+class DrainedBurst(ConstantSimulate):
+    """Every rate passes, and the 10 requests are served at ``served`` requests/s whatever the rate."""
+
+    def __init__(self, served):
+        super().__init__(0.5)
+        self.served = served
+
+    def __call__(self, config, *, seed=None, base_dir=None):
+        result = super().__call__(config, seed=seed, base_dir=base_dir)
+        result.summary["request_throughput"] = min(self.served, config["workload"]["rate"])
+        return result
+
+
+def test_an_answer_resting_on_a_drained_burst_says_so():
+    # N requests at rate R served over (last finish - first arrival) = N/R + drain: below R/2 when the drain
+    # exceeds the arrivals' window, i.e. the run measured one burst draining, which passes at any rate
+    from servesim.cli.capacity import format_result
+
+    search = CapacitySearch(poisson_cfg(2.0), Path("."), [parse_slo("itl_p99=1")], replications=1,
+                            simulate=DrainedBurst(served=40.0))
+    result = search.max_rate()
+    text = format_result(result, search)
+    assert ("note: at 2.097e+06 requests/s the run's 10 requests arrive in 4.77e-06 s and are served at 40 "
+            "requests/s: a burst drained") in text
+    # served at half the rate or more: a sustained load, no note (the boundary itself included)
+    for served in (float("inf"), 2.0 * 2**21 * 0.5):
+        search = CapacitySearch(poisson_cfg(2.0), Path("."), [parse_slo("itl_p99=1")], replications=1,
+                                simulate=DrainedBurst(served=served))
+        assert "note:" not in format_result(search.max_rate(), search)
+
+
 @pytest.mark.parametrize(("slo", "answer"), [("ttft_p99=1000", "meets the SLOs at every rate up to "),
                                              ("ttft_p99=0.000001", "meets the SLOs at no rate down to ")])
 def test_capacity_command_answers_when_no_boundary_exists(tmp_path, capsys, slo, answer):

@@ -129,7 +129,31 @@ def format_result(result, search) -> str:
                   else f"fewest replicas for {rate:g} requests/s: {result.capacity}")
     lines.append(f"SLOs: {targets}{share}; {result.replications} replication(s) per point")
     lines.append(answer)
+    burst = _burst_note(result)
+    if burst:
+        lines.append(burst)
     return "\n".join(lines)
+
+
+#: A passing rate served at less than this share of itself is a burst drained after its arrivals, not a load
+BURST_THROUGHPUT_SHARE = 0.5
+
+
+def _burst_note(result) -> str | None:
+    """A warning when the answer rests on a run whose requests all arrive before the first ones finish.
+
+    Served over ``duration = last finish - first arrival``, N requests at rate R with a drain D after the
+    last arrival give ``N / (N / R + D)`` requests/s: below half of R when D exceeds the arrival window
+    N / R, i.e. when the run measures how one burst of N requests drains, which passes at any rate."""
+    if result.mode != "rate" or result.capacity is None:
+        return None
+    at = next((ev for ev in result.evaluations if ev.passed and ev.rate == result.capacity), None)
+    if at is None or at.request_throughput >= BURST_THROUGHPUT_SHARE * at.rate:
+        return None
+    return (f"note: at {at.rate:.4g} requests/s the run's {at.num_requests} requests arrive in "
+            f"{at.num_requests / at.rate:.3g} s and are served at {at.request_throughput:.4g} requests/s: a burst "
+            "drained after its arrivals, not a sustained load; give the workload more requests "
+            "(workload.num_requests, or a longer trace) before reading this as a capacity")
 
 
 def plot_slo_attainment(frame, result, path: Path):
