@@ -100,6 +100,17 @@ def test_a_decode_run_behind_max_num_seqs_is_one_row():
         assert out.requests.first_token_s.tolist() == pytest.approx([0.01, 0.01, 0.51], abs=1e-12)
 
 
+
+@pytest.mark.parametrize("mode", ["run", "step"])
+def test_a_closed_loop_client_sends_its_next_request_a_think_time_after_the_finish(mode):
+    # ArrivalSource (vllm bench serve --max-concurrency): one client, think 50 ms, flat 10 ms steps. r0 at
+    # 0 s: prefill + first token at 10 ms, tokens 2, 3 at 20, 30 ms; r1 at 30 + 50 = 80 ms, done at 110 ms;
+    # r2 (2 tokens) at 160 ms, done at 180 ms.
+    out = run_engine([10, 10, 10], [3, 3, 2], concurrency=1, think_s=0.05, step_model=flat_step_model(0.01),
+                     mode=mode).output()
+    assert out.requests.arrival_s.tolist() == pytest.approx([0.0, 0.08, 0.16], abs=1e-12)
+    assert out.requests.finish_s.tolist() == pytest.approx([0.03, 0.11, 0.18], abs=1e-12)
+
 # ---------------------------------------------------------------------------------------------- speculation
 def _closed_loop_eagle(concurrency: int, **spec) -> dict:
     return {
@@ -170,6 +181,23 @@ def test_duration_runs_from_the_first_arrival_even_when_that_request_did_not_com
     assert s["request_throughput"] == pytest.approx(1 / 3, rel=1e-12)
     assert s["output_throughput"] == pytest.approx(4 / 3, rel=1e-12)
 
+
+
+@pytest.mark.parametrize("num_requests, tail_arrivals, saturated", [(4117, 1030, False), (3881, 971, True)])
+def test_saturation_threshold_is_five_percent_of_the_tail_arrivals_within_3_percent(num_requests, tail_arrivals,
+                                                                                     saturated):
+    # metrics/saturation: saturated iff growth = slope x tail > max(5, 5% of the arrivals in the tail). A queue
+    # growing by exactly 2 requests/s (waiting = 2t, integers at the 0.5 s steps) over the last 25 s of
+    # 100 s of evenly spaced arrivals grows by 50 requests; 1030 arrivals in the tail give a threshold of
+    # 51.5 (50 is 3% below it: not saturated), 971 give 48.55 (50 is 3% above: saturated).
+    from test_metrics import queue_output
+
+    from servesim.metrics import detect_saturation
+
+    result = detect_saturation(queue_output(num_requests, 100.0, lambda t: 2 * t))
+    assert result.threshold == pytest.approx(0.05 * tail_arrivals, rel=1e-12)
+    assert result.growth == pytest.approx(50.0, rel=1e-9)
+    assert result.saturated is saturated
 
 # ---------------------------------------------------------------------------------------------- workload
 def test_trace_window_is_closed_at_its_start_and_open_at_its_end():
