@@ -56,6 +56,18 @@ def test_a_positive_coefficient_never_rounds_to_zero():
     assert round(1e-20 * SUBPS_PER_S) == 0 and subps_coefficient(1e-20 * SUBPS_PER_S)[0] == 1
 
 
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_attention_pair_coefficient_is_4_l_h_d_flops_at_the_effective_peak(tp):
+    # roofline: F_attn_pair * sum pairs / (eta_c P) per GPU. Llama-3.1-8B: QK^T and PV, 2 d FLOPs each per
+    # head and layer: 4 x 32 layers x 32 heads x 128 = 524,288 FLOPs per (query, key) pair, split over TP;
+    # H100 SXM: eta_c 0.733 x 989.5 TFLOP/s = 725.3 TFLOP/s -> 722.853 ps per pair at TP 1 (the old tests
+    # reached this coefficient only through its rounding error)
+    st = build_step_time_model(load_hardware("h100-sxm"), load_model("llama-3.1-8b"), tp)
+    # (rel 1e-7: the integer coefficient is rounded once to 2^-16 ps, 2e-8 relative here)
+    assert st.attn_ps_per_pair == pytest.approx(524_288 / tp / (0.733 * 989.5e12) * 1e12, rel=1e-7)
+    assert (st.step_subps(8, 8, 0, 1000, 8) - st.step_subps(8, 8, 0, 0, 8)) == 1000 * st.attn_subps_per_pair
+
 # ---------------------------------------------------------------------------------------------- KV capacity
 def test_activation_reserve_is_hidden_states_mlp_logits_and_one_gib():
     # kv_cache: T_max (4 D + 2 F / TP) 2 B + max_num_seqs V / TP 4 B + 1 GiB, Llama-3.1-8B (D 4096,
