@@ -265,3 +265,22 @@ def test_shortest_queue_counts_requests_routed_but_not_yet_pulled():
     wl = Workload(arrival_s=[0.0, 0.0, 0.0], prompt_tokens=[10, 10, 10], output_tokens=[3, 3, 3])
     dep = run(wl, 2, "shortest_queue", step_time=flat_step_model(0.01))
     assert list(dep.assignment) == [0, 1, 0]
+
+
+@pytest.mark.parametrize("mode", ["run", "step"])
+def test_a_request_finished_unknown_to_vllm_is_scheduled_once_more_with_the_trees_verify_width(mode):
+    # async scheduling: a request whose last step finished it through accepted drafts (vLLM did not know it
+    # would) is scheduled in the next step once more, 1 + verify width tokens, output discarded. A draft
+    # tree [2, 2] has 2 + 4 = 6 nodes: every decoder, verifying or scheduled once more, takes 1 + 6 = 7
+    # tokens (the token budget cuts nothing here), so every step's decode tokens are a multiple of 7; this
+    # seed's last request finishes through accepted drafts, so the last step schedules it alone, 7 tokens.
+    from servesim import simulate
+
+    cfg = _closed_loop_eagle(2)
+    cfg["workload"].update(num_requests=6, output_tokens={"type": "fixed", "value": 30})
+    cfg["speculative_config"].update(num_speculative_tokens=2, draft_tree=[2, 2], acceptance={"alpha": 0.8})
+    cfg.update(engine={"async_scheduling": True}, simulation={"mode": mode})
+    steps = simulate(cfg).output.steps
+    decode_tokens = steps.num_tokens - steps.num_prefill_tokens
+    assert (decode_tokens % 7 == 0).all()
+    assert (steps.num_tokens[-1], steps.batch_size[-1]) == (7, 1)
