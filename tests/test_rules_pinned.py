@@ -211,6 +211,20 @@ def test_saturation_threshold_is_five_percent_of_the_tail_arrivals_within_3_perc
     assert result.growth == pytest.approx(50.0, rel=1e-9)
     assert result.saturated is saturated
 
+
+def test_busy_time_mean_is_one_exact_division_and_the_max_is_over_every_row():
+    # metrics/steps.busy_time_weighted: mean = sum(integral) / (scale x busy ps), one correctly rounded
+    # division of integers; max = max(values) / scale over all rows (not the last row's). Rows of 0.5, 1.75
+    # and 1.25 s holding 2, 8 and 4 of 10 blocks: (2 x 0.5 + 8 x 1.75 + 4 x 1.25) e12 / (10 x 3.5e12)
+    # = 20 / 35 = 4 / 7 exactly; max 8 / 10.
+    import numpy as np
+
+    from servesim.metrics.steps import busy_time_weighted
+
+    row_ps = np.array([500_000_000_000, 1_750_000_000_000, 1_250_000_000_000], dtype=np.int64)
+    result = busy_time_weighted(np.array([2, 8, 4]), row_ps, scale=10)
+    assert result == {"mean": 4 / 7, "max": 0.8}
+
 # ---------------------------------------------------------------------------------------------- workload
 def test_trace_window_is_closed_at_its_start_and_open_at_its_end():
     # load_trace keeps the requests with start_s <= t < start_s + duration_s, then rebases and divides by
