@@ -341,7 +341,7 @@ class Engine:
             yield env.timeout((self.now - t0) / PS_PER_S)
 
     def compact_logs(self) -> None:
-        """Move the step log's and the runs' recent records into int64 chunks (bounded memory per row)."""
+        """Move the step log's and the runs' recent records into numpy chunks (bounded memory per row)."""
         self.row_log.compact()
         self.run_records.compact()
 

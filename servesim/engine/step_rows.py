@@ -78,7 +78,7 @@ class IntLog:
         width: integers per record.
         tuples: whether ``items`` holds one tuple per record (else a flat list of integers).
         items: the recent records; the engine appends to this list directly on its hot paths.
-        chunks: int64 arrays (records, width) of the older records, in order.
+        chunks: arrays (records, width) of ``dtype`` holding the older records, in order.
         records_before: records held in ``chunks``.
         dtype: the chunks' integer dtype (int64 unless every value is known to fit a narrower one).
 
