@@ -54,7 +54,7 @@ def test_replay_workload_follows_how_the_benchmark_sent_requests(tmp_path):
     assert poisson["type"] == "poisson" and poisson["rate"] == 2.5
     gamma, _ = replay_workload(_result(max_concurrency=None, request_rate=2.5, burstiness=0.25), "r.json", tmp_path)
     assert gamma["type"] == "gamma" and gamma["cv"] == pytest.approx(2.0)
-    burst, how = replay_workload(_result(max_concurrency=None, input_lens=[5, 7], output_lens=[3, 4]),
+    burst, how = replay_workload(_result(completed=2, max_concurrency=None, input_lens=[5, 7], output_lens=[3, 4]),
                                  "r.json", tmp_path)
     assert burst["type"] == "trace" and "2 (input, output) pairs" in how
     assert (tmp_path / "bench-requests.csv").read_text().splitlines()[1:] == [
@@ -64,6 +64,12 @@ def test_replay_workload_follows_how_the_benchmark_sent_requests(tmp_path):
 def test_bad_result_and_missing_server_are_one_line(tmp_path, capsys):
     with pytest.raises(ConfigError, match="total_input_tokens"):
         replay_workload({"completed": 3}, "r.json", tmp_path)
+    # vLLM lists every request it sent (failed ones too): more completed than listed is not one run's result
+    with pytest.raises(ConfigError, match=r"^r\.json: completed: 4 requests, but input_lens and output_lens list 2 "):
+        replay_workload(_result(input_lens=[5, 7], output_lens=[3, 4]), "r.json", tmp_path)
+    # null is vllm bench serve's "no limit"; 0 clients would send nothing
+    with pytest.raises(ConfigError, match=r"^r\.json: max_concurrency: expected a positive number of clients"):
+        replay_workload(_result(max_concurrency=0), "r.json", tmp_path)
     (tmp_path / "r.json").write_text(json.dumps(_result()))
     assert main(["validate", "--vllm-bench", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err

@@ -137,13 +137,17 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
         (workload mapping, description of how the requests were rebuilt).
 
     Raises:
-        ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals).
+        ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals), lists fewer
+            requests than ``completed``, or has ``max_concurrency`` 0.
     """
     n = result_count(result, "completed", where) or 0
     ins, outs = result.get("input_lens"), result.get("output_lens")
     if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) and ins:
         ins, outs = _token_counts(ins, "input_lens", where), _token_counts(outs, "output_lens", where)
         pairs = [(max(i, 1), max(o, 1)) for i, o in zip(ins, outs)]
+        if n > len(pairs):  # vLLM lists every request it sent, the failed ones included
+            raise ConfigError(f"{where}: completed: {n} requests, but input_lens and output_lens list {len(pairs)} "
+                              "(expected completed <= the requests listed: a result of one benchmark run)")
         how = f"{len(pairs)} (input, output) pairs of the result"
     else:
         total_in, total_out = result_number(result, "total_input_tokens", where), result_number(result, "total_output_tokens", where)
@@ -163,6 +167,9 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
     trace.write_text("\n".join(rows) + "\n", encoding="utf-8")
     lengths = {"type": "empirical", "path": str(trace), "format": "azure"}
     conc = result_count(result, "max_concurrency", where)
+    if conc == 0:  # vllm bench serve writes null for no limit; 0 clients would send nothing
+        raise ConfigError(f"{where}: max_concurrency: expected a positive number of clients, or null for no limit "
+                          "(got 0)")
     rate = result_number(result, "request_rate", where, allow_inf=True)
     burst = result_number(result, "burstiness", where) or 1.0
     if conc:
