@@ -83,13 +83,12 @@ def run(args: argparse.Namespace) -> int:
 
     search = CapacitySearch(cfg, folder, slos, replications=args.replications, goodput_share=args.goodput_share,
                             progress=progress)
-    with replacing_outputs(out, CAPACITY_OUTPUTS):
+    with replacing_outputs(out, CAPACITY_OUTPUTS):  # failed or interrupted, searching or writing: no outputs left
         if args.replicas is not None:
             result = search.min_replicas(args.replicas, max_replicas=args.max_replicas)
         else:
             result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
-    frame = capacity_frame(result)
-    with replacing_outputs(out, CAPACITY_OUTPUTS):  # interrupted while writing: no partial set of files
+        frame = capacity_frame(result)
         write_csv(frame, out / "capacity.csv")
         table = plot_slo_attainment(frame, result, out / "slo_attainment.png")
         write_csv(table, out / "slo_attainment.csv")

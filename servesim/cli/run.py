@@ -8,11 +8,9 @@ Writes ``DIR/summary.json``, ``DIR/requests.csv``, ``DIR/steps.csv`` and (unless
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
 from servesim.cli import COMMAND_OUTPUTS
@@ -165,14 +163,12 @@ def run(args: argparse.Namespace) -> int:
     # the modules just imported live as long as the process: out of the garbage collector's sight
     # (gc.freeze), its full collections during the run walk only the run's own objects
     gc.freeze()
-    # a mistake in the config fails the command too: an earlier run's outputs in --out must not stay there
-    # looking like its results (nothing is created for an --out that does not exist yet)
-    earlier = str(args.out).strip() and Path(args.out).is_dir()
-    with replacing_outputs(args.out, RUN_OUTPUTS) if earlier else contextlib.nullcontext():
-        cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
-                                                              getattr(args, "llama_cpp_spec", None)))
+    # (a mistake in the config removes an earlier run's outputs from an existing --out: servesim.cli._run)
+    cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
+                                                          getattr(args, "llama_cpp_spec", None)))
     out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
-    # a failure or Ctrl-C while simulating or writing leaves none of the outputs (no partial set)
+    # a failure or Ctrl-C while simulating or writing leaves none of the outputs (no partial set), also in a
+    # folder this run created
     with replacing_outputs(out_dir, RUN_OUTPUTS):
         # a setting of --speculative-config refused when the run is set up names the option, not the file
         option = speculative_option(args.overrides, args.speculative_config, getattr(args, "llama_cpp_spec", None))

@@ -94,11 +94,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  batch {row['batch_size']:5d}  {row['variant']:>6}  rep {row['replication']}  "
                   f"{row['output_throughput']:10.1f} output tok/s", flush=True)
 
-    with replacing_outputs(out, TUNE_K_OUTPUTS), open_executor(None, args.jobs) as executor:
-        result = tune_k(cfg, folder, k_max=args.k_max, batch_sizes=sizes, slos=slos,
-                        replications=args.replications, requests_per_client=args.requests_per_client,
-                        boundary=args.boundary, executor=executor, progress=progress)
-    with replacing_outputs(out, TUNE_K_OUTPUTS):  # interrupted while writing: no partial set of files
+    with replacing_outputs(out, TUNE_K_OUTPUTS):  # failed or interrupted, simulating or writing: no outputs left
+        with open_executor(None, args.jobs) as executor:
+            result = tune_k(cfg, folder, k_max=args.k_max, batch_sizes=sizes, slos=slos,
+                            replications=args.replications, requests_per_client=args.requests_per_client,
+                            boundary=args.boundary, executor=executor, progress=progress)
         atomic_write_text(out / "tune_k.json", json.dumps(result.to_json(), indent=2) + "\n")
         write_csv(result.grid, out / "tune_k_grid.csv")
         write_csv(result.check, out / "tune_k_check.csv")

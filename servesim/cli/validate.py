@@ -62,9 +62,12 @@ def run(args: argparse.Namespace) -> int:
     if not cases:
         raise ConfigError("validate: no cases to run (none marked fast: true?)")
     out = prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
-    # a failed or interrupted rerun must not leave the earlier validation.csv/png looking current
+    # a failed or interrupted rerun must not leave the earlier validation.csv/png looking current, nor a CSV
+    # without its figure
     with replacing_outputs(out, VALIDATE_OUTPUTS):
         results = run_cases(cases, progress=lambda name: print(f"running {name}", file=sys.stderr))
+        csv_path = write_csv(results, out / "validation.csv")
+        png_path = plot(results, out / "validation.png")
     print(format_table(results, markdown=args.markdown))
     inside = sum(r.within for r in results)
     print(f"\n{inside} of {len(results)} cases within tolerance.")
@@ -75,8 +78,5 @@ def run(args: argparse.Namespace) -> int:
             why = r.notes or "no note"
             extra = f" [{r.detail}]" if r.detail else ""
             print(f"  {r.name}:{extra} {why}")
-    with replacing_outputs(out, VALIDATE_OUTPUTS):  # no CSV left without its figure
-        csv_path = write_csv(results, out / "validation.csv")
-        png_path = plot(results, out / "validation.png")
     print(f"wrote {csv_path} and {png_path}")
     return 1 if outside and getattr(args, "strict", False) else 0
