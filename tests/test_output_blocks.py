@@ -87,6 +87,14 @@ def test_int_log_of_a_narrower_dtype_keeps_it_and_refuses_values_beyond_it(monke
         narrow.compact()
 
 
+def test_concatenated_ranges_are_the_ranges_one_after_another():
+    starts = np.array([5, 0, 9, 2], dtype=np.int64)
+    lengths = np.array([3, 0, 1, 2], dtype=np.int64)  # an empty range in the middle
+    got = step_rows.concatenated_ranges(starts, lengths)
+    assert got.dtype == np.int64 and got.tolist() == [5, 6, 7, 9, 2, 3]
+    assert step_rows.concatenated_ranges(starts[:0], lengths[:0]).tolist() == []
+
+
 def test_blocks_hold_at_most_the_limit_or_one_element():
     counts = np.array([3, 0, 4, 9, 1, 1, 5, 0, 0, 2], dtype=np.int64)
     # greedy, in order: 3+0 (adding 4 would make 7), 4, 9 alone (over the limit), 1+1, 5+0+0, 2

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from servesim.engine import step_rows  # OUTPUT_BLOCK_STEPS read through the module (tests set it)
-from servesim.engine.step_rows import ROW_SUBPS_MAX, IntLog, blocks_of_at_most
+from servesim.engine.step_rows import ROW_SUBPS_MAX, IntLog, blocks_of_at_most, concatenated_ranges
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK
 
 
@@ -108,9 +108,7 @@ class RunRecords:
         if not len(self.summed_run_log):
             return ends
         rows, counts = self.summed_run_log.array().T
-        offsets = np.cumsum(counts) - counts  # each run's first value in summed_end_log
-        positions = np.repeat(first[rows] - offsets, counts) + np.arange(int(offsets[-1] + counts[-1]), dtype=np.int64)
-        ends[positions] = self.summed_end_log.array()[:, 0]
+        ends[concatenated_ranges(first[rows], counts)] = self.summed_end_log.array()[:, 0]
         return ends
 
     def kv_block_ps(self, used: np.ndarray, duration: np.ndarray, steps: np.ndarray, ends: np.ndarray) -> np.ndarray:

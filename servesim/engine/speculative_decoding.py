@@ -57,7 +57,7 @@ from math import inf
 
 import numpy as np
 
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX, IntLog, blocks_of_at_most
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, IntLog, blocks_of_at_most, concatenated_ranges
 from servesim.roofline import SUBPS_BITS, SUBPS_MASK
 from servesim.speculation.costs import DrafterCost
 from servesim.speculation.schedule import KSchedule
@@ -650,9 +650,7 @@ class SpeculativeDecoding:
             draft_tokens += self.verify_widths[self.num_speculative_tokens] * rounds
             table = self.spec.accept_table
             for lo, hi in blocks_of_at_most(lengths, COUNT_BLOCK_ROUNDS):  # the rounds' table indices, a block at a time
-                block = lengths[lo:hi]
-                offsets = np.cumsum(block) - block
-                index = np.repeat(starts[lo:hi] - offsets, block) + np.arange(int(block.sum()), dtype=np.int64)
+                index = concatenated_ranges(starts[lo:hi], lengths[lo:hi])
                 counts += np.bincount(table[index], minlength=self.num_speculative_tokens + 1)
             self.table_segments = IntLog(2)
         for k, arrays in self.fixed_segments.items():  # k drafts every round

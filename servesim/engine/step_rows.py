@@ -64,6 +64,14 @@ def blocks_of_at_most(counts: np.ndarray, limit: int) -> list[tuple[int, int]]:
         lo = hi
     return bounds
 
+
+def concatenated_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``concatenate([arange(s, s + n) for s, n in zip(starts, lengths)])`` without a Python loop: int64
+    (sum(lengths),) from integer arrays ``starts`` and ``lengths`` (>= 0) of shape (R,)."""
+    offsets = np.cumsum(lengths) - lengths  # where each range begins in the result
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
 LOG_CHUNK_VALUES = 2**18
 """Values a log gathers as Python objects before they move into an int64 chunk (2 MiB of chunk)."""
 
