@@ -216,34 +216,21 @@ class SimConfig(_Strict):
         Python."""
         return self._source
 
-    @field_validator("speculative_config")
+    @field_validator("speculative_config", "hardware", "model")
     @classmethod
-    def _check_speculative_config(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
-        # checked here, so that its errors name the config file and the key (speculative_config.KEY) as every
-        # other field's do; kept as the mapping that the run's wiring and tune-k build their models from
-        if value is not None:
-            from servesim.speculation.config import SpeculativeConfig
-
-            SpeculativeConfig.model_validate(value)
-        return value
-
-    @field_validator("hardware", "model")
-    @classmethod
-    def _check_inline_card(cls, value: str | dict[str, Any], info: ValidationInfo) -> str | dict[str, Any]:
-        # an inline card is checked here for the same reason (hardware.FIELD, model.FIELD); names and paths
-        # are resolved when the run is wired, against the config's folder
+    def _check_mapping(cls, value: Any, info: ValidationInfo) -> Any:
+        # speculative_config and an inline card are checked here, so that their errors name the config file and
+        # the key (speculative_config.KEY, hardware.FIELD) as every other field's do; kept as the mappings that
+        # the run's wiring builds its models from (names and paths resolved then, against the config's folder)
         if isinstance(value, dict):
-            if info.field_name == "hardware":
-                from servesim.cards.hardware import HardwareCard as card
-            else:
-                from servesim.cards.model import ModelCard as card
-            card.model_validate(value)
+            for model in cls.mapping_models(info.field_name):
+                model.model_validate(value)
         return value
 
     @staticmethod
     def mapping_models(field: str) -> list[type]:
         """The models that the mapping given at ``field`` is checked against (``speculative_config``, an
-        inline ``hardware`` or ``model`` card): the keys an error's ``did you mean`` hint picks from."""
+        inline ``hardware`` or ``model`` card); also the keys an error's ``did you mean`` hint picks from."""
         if field == "speculative_config":
             from servesim.speculation.config import SpeculativeConfig
 
