@@ -164,11 +164,13 @@ def open_executor(spec: str | Executor | None, jobs: int) -> Iterator[Executor |
     with contextlib.ExitStack() as stack:  # pragma: no cover - needs dask
         if address is None:
             workers = {"n_workers": jobs} if jobs > 1 else {}
-            # errors only: an interrupted sweep stops its workers mid-run, and Dask's warnings about that
-            # (cancelled tasks, workers killed after the nanny's grace period) are not the user's to act on
+            # critical messages only: closing the cluster (after the last run, or on Ctrl-C mid-run) stops
+            # the scheduler while its workers still run, and Dask's warnings and errors about that (cancelled
+            # tasks, workers killed after the nanny's grace period, a worker's heartbeat to a closed
+            # scheduler) are not the user's to act on; a run's own error reaches the sweep as its exception
             cluster = stack.enter_context(
                 distributed.LocalCluster(processes=True, threads_per_worker=1, dashboard_address=None,
-                                         silence_logs=logging.ERROR, preload=["servesim.sweep.dask_worker"],
+                                         silence_logs=logging.CRITICAL, preload=["servesim.sweep.dask_worker"],
                                          **workers)
             )
             client = stack.enter_context(distributed.Client(cluster))
