@@ -31,6 +31,7 @@ from servesim.metrics import (
     write_outputs,
 )
 from servesim.metrics.csv_text import csv_bytes
+from servesim.metrics.percentiles import distribution_stats
 from servesim.metrics.outputs import atomic_write
 from servesim.metrics.summary import json_safe
 from servesim.roofline import PS_PER_S
@@ -109,6 +110,21 @@ def test_weighted_percentiles_large_sample_bitwise():
     q = [0, 1, 25, 50, 90, 95, 99, 99.9, 100]
     np.testing.assert_array_equal(weighted_percentiles(values, weights, q),
                                   np.percentile(np.repeat(values, weights), q))
+
+
+def test_values_of_weight_zero_change_no_statistic_bit_for_bit():
+    # itl_samples lists every step, those with no ITL sample at weight 0: the mean (a pairwise sum whose
+    # rounding depends on the array's length) and the percentiles must be those of the positive weights
+    rng = np.random.default_rng(np.random.SeedSequence(11))  # a seed where the two sums differ
+    values = rng.lognormal(-4, 1, 50_001)
+    weights = rng.integers(0, 6, 50_001)  # a sixth are 0
+    positive = weights > 0
+    with_zeros = distribution_stats(values, weights)
+    assert with_zeros == distribution_stats(values[positive], weights[positive])
+    assert with_zeros["mean"] != float(np.sum(values * weights) / weights.sum())  # the length matters here
+    np.testing.assert_array_equal(
+        [with_zeros[f"p{p}"] for p in (50, 90, 95, 99)],
+        np.percentile(np.repeat(values, weights), [50, 90, 95, 99]))
 
 
 @settings(max_examples=150, deadline=None)

@@ -42,15 +42,16 @@ def weighted_percentiles(values: np.ndarray, weights: np.ndarray, q: np.ndarray 
     if weights.size and weights.min() < 0:
         raise ValueError("weights must be non-negative repeat counts")
     order = np.argsort(values)  # ties need no order: equal values are interchangeable
-    sorted_values = values[order]
+    if order.size < 2**31:
+        order = order.astype(np.int32)  # half the index's memory beside the cumulative weights
     cum = weights[order]
-    del order
     np.cumsum(cum, out=cum)  # in place: one temporary of the sample's size less
     n = int(cum[-1]) if cum.size else 0
     if n == 0:
         raise ValueError("total weight is zero: no samples")
-    # expanded sample j belongs to the first sorted value whose cumulative weight exceeds j
-    return _interpolate(lambda j: sorted_values[np.searchsorted(cum, j, side="right")], n, q)
+    # expanded sample j belongs to the first sorted value whose cumulative weight exceeds j: the sorted
+    # values are read through ``order`` at the few ranks needed (no sorted copy of the sample)
+    return _interpolate(lambda j: values[order[np.searchsorted(cum, j, side="right")]], n, q)
 
 
 def percentiles(values: np.ndarray, q: np.ndarray | list[float]) -> np.ndarray:
@@ -110,7 +111,8 @@ def distribution_stats(values: np.ndarray, weights: np.ndarray | None = None) ->
 
     Args:
         values: shape (m,) float, no NaN.
-        weights: shape (m,) non-negative integer repeat counts, or None for weight 1 each.
+        weights: shape (m,) non-negative integer repeat counts, or None for weight 1 each; values of weight
+            0 change nothing (neither the percentiles nor, bit for bit, the mean).
     """
     keys = ["mean"] + [f"p{p}" for p in PERCENTILES]
     values = np.asarray(values, dtype=np.float64)
@@ -124,6 +126,11 @@ def distribution_stats(values: np.ndarray, weights: np.ndarray | None = None) ->
         total = int(weights.sum())
         if total == 0:
             return dict.fromkeys(keys)
-        mean = float(np.sum(values * weights) / total)
+        products = values * weights
+        positive = weights > 0
+        # the sum over the samples of positive weight only: the same float whether or not a caller lists
+        # values of weight 0 (numpy's pairwise summation depends on the array's length)
+        mean = float(np.sum(products if positive.all() else products[positive]) / total)
+        del products, positive
         pct = weighted_percentiles(values, weights, PERCENTILES)
     return {"mean": mean, **{f"p{p}": float(v) for p, v in zip(PERCENTILES, pct)}}

@@ -93,21 +93,21 @@ def itl_samples(out: EngineOutput) -> tuple[np.ndarray, np.ndarray]:
 
     ITL = every gap between two consecutive token emissions of the same request. The multiset is each
     step's duration repeated ``itl_samples`` times (its row's count), plus every value of
-    ``out.extra_itl_s`` once (gaps across a preemption). Rows with ``itl_samples == 0`` are skipped.
+    ``out.extra_itl_s`` once (gaps across a preemption). Every step is listed, those of rows with
+    ``itl_samples == 0`` with weight 0 (the steps' durations are then the step log's own array, not a copy
+    of the selected ones: 8 bytes a step less at the summary's peak).
 
     Returns:
-        ``(values_s, weights)``: float64 seconds and int64 repeat counts, both shape (m,); the ITL sample
-        is ``np.repeat(values_s, weights)``.
+        ``(values_s, weights)``: float64 seconds and int64 repeat counts (>= 0), both shape (m,); the ITL
+        sample is ``np.repeat(values_s, weights)``.
     """
     steps = out.steps
-    samples = np.asarray(steps.itl_samples, dtype=np.int64)
-    selected = samples > 0
-    counts = np.asarray(steps.num_steps, dtype=np.int64)[selected]
-    if steps.durations_s is not None:  # one mask over the steps (no per-step row index: 8 bytes a step less)
-        durations = np.asarray(steps.durations_s, dtype=np.float64)[np.repeat(selected, steps.num_steps)]
+    counts = np.asarray(steps.num_steps, dtype=np.int64)
+    if steps.durations_s is not None:
+        durations = np.asarray(steps.durations_s, dtype=np.float64)
     else:
-        durations, _ = expand_step_durations(steps, selected)
-    weights = np.repeat(samples[selected], counts)
+        durations, _ = expand_step_durations(steps)
+    weights = np.repeat(np.asarray(steps.itl_samples, dtype=np.int64), counts)
     extra = np.asarray(out.extra_itl_s, dtype=np.float64)
     if not extra.size:
         return durations, weights
