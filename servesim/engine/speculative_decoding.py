@@ -191,12 +191,9 @@ COUNT_BLOCK_ROUNDS = 1 << 18
 SUBPS_SUM_MAX = 2**62
 """Bound on a vector run's summed step durations (2^-16 ps, about 70 s): int64 with room for the remainder."""
 
-
-def _grown(array: np.ndarray, capacity: int) -> np.ndarray:
-    """``array`` (int64) zero-extended to ``capacity`` elements."""
-    out = np.zeros(capacity, dtype=np.int64)
-    out[: array.shape[0]] = array
-    return out
+STEP_WINDOW_MIN = 1024
+"""Steps the run mode's per-step sums hold at least (:meth:`SpeculativeDecoding._ensure`): twice the longest
+horizon of a decoder's remaining rounds seen so far, from the next step to be taken."""
 
 
 class SpeculativeDecoding:
@@ -253,16 +250,18 @@ class SpeculativeDecoding:
         self.draft_budget_limit = bool(spec.draft_budget_limit)
         # the verify width varies from round to round (empty n-gram drafts, llama.cpp's draft budget)
         self.variable_width = bool(spec.drafts_may_be_empty) or self.draft_budget_limit
-        # run mode: per absolute step, sums over the aggregated decoders' timelines (see join): computed
-        # tokens before the round, new KV blocks and, when the width varies, scheduled tokens q, q x computed
-        # and q (q + 1) / 2
-        self.capacity = 0
-        self.step_computed = np.zeros(0, dtype=np.int64)
-        self.step_new_blocks = np.zeros(0, dtype=np.int64)
-        self.step_tokens = np.zeros(0, dtype=np.int64)
-        self.step_token_context = np.zeros(0, dtype=np.int64)
-        self.step_token_pairs = np.zeros(0, dtype=np.int64)
-        self._ensure(1024)
+        # run mode: per step from step ``step_base`` on (element ``i`` is step ``step_base + i``), sums over
+        # the aggregated decoders' timelines (see join): computed tokens before the round, new KV blocks and,
+        # when the width varies, scheduled tokens q, q x computed and q (q + 1) / 2; the steps already taken
+        # are dropped as the window moves on (_ensure), so that they hold the decoders' horizon, not the run
+        self.step_base = 0
+        self.capacity = STEP_WINDOW_MIN
+        self.step_computed = np.zeros(STEP_WINDOW_MIN, dtype=np.int64)
+        self.step_new_blocks = np.zeros(STEP_WINDOW_MIN, dtype=np.int64)
+        width = STEP_WINDOW_MIN if self.variable_width else 0
+        self.step_tokens = np.zeros(width, dtype=np.int64)
+        self.step_token_context = np.zeros(width, dtype=np.int64)
+        self.step_token_pairs = np.zeros(width, dtype=np.int64)
         self.num_decoders = 0
         self.timelines: dict[int, DecoderTimeline] = {}
         # the rounds of the timelines that left: accepted drafts per round, by k with a fixed width, else
@@ -428,16 +427,29 @@ class SpeculativeDecoding:
     # the table, built a block of requests at a time (_join_fixed, _emitted_block); runs of at most
     # SHORT_RUN steps are summed in plain integers (_short_run).
 
-    def _ensure(self, end: int) -> None:
-        if end > self.capacity:
-            capacity = max(end, 2 * self.capacity, 1024)
-            self.step_computed = _grown(self.step_computed, capacity)
-            self.step_new_blocks = _grown(self.step_new_blocks, capacity)
-            if self.variable_width:
-                self.step_tokens = _grown(self.step_tokens, capacity)
-                self.step_token_context = _grown(self.step_token_context, capacity)
-                self.step_token_pairs = _grown(self.step_token_pairs, capacity)
-            self.capacity = capacity
+    def _ensure(self, g: int, end: int) -> None:
+        """Room in the per-step sums for steps ``g`` (the first a caller reads or writes) to ``end``
+        (exclusive): the window moves to start at the earliest step still to be taken (``g``, or the
+        engine's next step if earlier), dropping the steps before it, and doubles when the decoders'
+        horizon outgrows it. Each move copies at most the horizon's steps, after at least as many steps
+        were taken: amortised O(1) per step."""
+        keep_from = max(self.step_base, min(g, self.engine_ref().step_index))
+        shift = keep_from - self.step_base
+        capacity = max(self.capacity, 2 * (end - keep_from))
+        live = max(self.capacity - shift, 0)  # steps kept (none when no decoder ran for a whole window)
+        names = (("step_computed", "step_new_blocks", "step_tokens", "step_token_context", "step_token_pairs")
+                 if self.variable_width else ("step_computed", "step_new_blocks"))
+        for name in names:
+            old = getattr(self, name)
+            if capacity == self.capacity:  # in place: numpy copies overlapping slices correctly
+                old[:live] = old[shift:shift + live]
+                old[live:] = 0
+            else:
+                new = np.zeros(capacity, dtype=np.int64)
+                new[:live] = old[shift:shift + live]
+                setattr(self, name, new)
+        self.step_base = keep_from
+        self.capacity = capacity
 
     def note_stale_join(self, r: int, g: int) -> None:
         """Decoder ``r`` joined at step ``g`` after a step without it: nothing to note (its join reads
@@ -543,11 +555,12 @@ class SpeculativeDecoding:
         held = need[1:]
         new_blocks = held - need[:-1]
         end = g + num_rounds
-        if end > self.capacity:
-            self._ensure(end)
-        sums = self.step_computed[g:end]
+        if end - self.step_base > self.capacity:
+            self._ensure(g, end)
+        lo = g - self.step_base
+        sums = self.step_computed[lo:lo + num_rounds]
         sums += ncb
-        sums = self.step_new_blocks[g:end]
+        sums = self.step_new_blocks[lo:lo + num_rounds]
         sums += new_blocks
         table_start = block.first_round + s
         accepted = self.spec.accept_table[table_start:table_start + num_rounds]
@@ -624,14 +637,16 @@ class SpeculativeDecoding:
         new_blocks[1:] -= held[:-1]
         new_blocks[0] -= blocks0
         end = g + num_rounds
-        if end > self.capacity:
-            self._ensure(end)
-        self.step_computed[g:end] += ncb
-        self.step_new_blocks[g:end] += new_blocks
+        if end - self.step_base > self.capacity:
+            self._ensure(g, end)
+        lo = g - self.step_base
+        hi = lo + num_rounds
+        self.step_computed[lo:hi] += ncb
+        self.step_new_blocks[lo:hi] += new_blocks
         if variable:
-            self.step_tokens[g:end] += q
-            self.step_token_context[g:end] += q * ncb
-            self.step_token_pairs[g:end] += q * (q + 1) // 2
+            self.step_tokens[lo:hi] += q
+            self.step_token_context[lo:hi] += q * ncb
+            self.step_token_pairs[lo:hi] += q * (q + 1) // 2
         self.timelines[r] = DecoderTimeline(g, num_rounds, ncb, held, accepted, generated0, blocks0, round0,
                                             new_blocks, q, k)
         self.num_decoders += 1
@@ -710,13 +725,14 @@ class SpeculativeDecoding:
         end = timeline.start_step + num_rounds
         variable = self.variable_width
         if m < num_rounds:
-            self.step_computed[g:end] -= ncb[m:]
-            self.step_new_blocks[g:end] -= timeline.new_blocks[m:]
+            lo, hi = g - self.step_base, end - self.step_base
+            self.step_computed[lo:hi] -= ncb[m:]
+            self.step_new_blocks[lo:hi] -= timeline.new_blocks[m:]
             if variable:
                 qs = q[m:]
-                self.step_tokens[g:end] -= qs
-                self.step_token_context[g:end] -= qs * ncb[m:]
-                self.step_token_pairs[g:end] -= qs * (qs + 1) // 2
+                self.step_tokens[lo:hi] -= qs
+                self.step_token_context[lo:hi] -= qs * ncb[m:]
+                self.step_token_pairs[lo:hi] -= qs * (qs + 1) // 2
         accepted = timeline.accepted
         if m:
             last_accepted = 0
@@ -797,22 +813,24 @@ class SpeculativeDecoding:
         """(tokens the aggregated decoders schedule, new KV blocks they allocate) in step ``g``."""
         if not self.num_decoders:
             return 0, 0
-        tokens = int(self.step_tokens[g]) if self.variable_width else self.num_decoders * (self.verify_widths[self.k] + 1)
-        return tokens, int(self.step_new_blocks[g])
+        i = g - self.step_base
+        tokens = int(self.step_tokens[i]) if self.variable_width else self.num_decoders * (self.verify_widths[self.k] + 1)
+        return tokens, int(self.step_new_blocks[i])
 
     def new_blocks_at(self, g: int) -> int:
         """New KV blocks the aggregated decoders allocate in step ``g``."""
-        return int(self.step_new_blocks[g]) if self.num_decoders else 0
+        return int(self.step_new_blocks[g - self.step_base]) if self.num_decoders else 0
 
     def sums_at(self, g: int) -> tuple[int, int, int]:
         """(scheduled tokens, sum of attended contexts, attention pairs) of the aggregated decoders at step g."""
         num_decoders = self.num_decoders
         if not num_decoders:
             return 0, 0, 0
-        ncb = int(self.step_computed[g])
+        i = g - self.step_base
+        ncb = int(self.step_computed[i])
         if self.variable_width:
-            tokens = int(self.step_tokens[g])
-            return tokens, ncb + tokens, int(self.step_token_context[g]) + int(self.step_token_pairs[g])
+            tokens = int(self.step_tokens[i])
+            return tokens, ncb + tokens, int(self.step_token_context[i]) + int(self.step_token_pairs[i])
         q = self.verify_widths[self.k] + 1
         return num_decoders * q, ncb + num_decoders * q, q * ncb + num_decoders * (q * (q + 1) // 2)
 
@@ -891,33 +909,31 @@ class SpeculativeDecoding:
             # step times only grow within a run (contexts grow), so the first step's time bounds how many
             # steps can pass before t_lim: evaluate no more than that
             base = terms.decode_base_subps if fixed else st.base_subps(num_decoders, num_decoders, num_decoders)
-            d_first = (base + (st.kv_subps_per_token + kv_draft) * int(self.step_computed[g])) >> SUBPS_BITS
+            d_first = (base + (st.kv_subps_per_token + kv_draft) * int(self.step_computed[g - self.step_base])) >> SUBPS_BITS
             n = min(n, (t_lim - t0) // max(d_first, 1) + 2)
         if n <= SHORT_RUN and fixed:
             self._short_run(g, n, t_lim, k_step, k_new, terms)
             return
-        end = g + n
-        ncb = self.step_computed[g:end]
+        lo = g - self.step_base  # the run's first step in the per-step sums
+        ncb = self.step_computed[lo:lo + n]
         if self.variable_width:
-            tokens = self.step_tokens[g:end]
+            tokens = self.step_tokens[lo:lo + n]
             over = tokens > engine.max_num_batched_tokens
             if over.any():
                 n = int(np.argmax(over))
                 if n == 0:
                     engine.fallback()
                     return
-                end = g + n
                 ncb, tokens = ncb[:n], tokens[:n]
             if head_tokens is not None:
                 first = self._admissible_at(tokens, head_tokens)
                 if first is not None:  # >= 1: the first step keeps the head out
                     n = first
-                    end = g + n
                     ncb, tokens = ncb[:n], tokens[:n]
             context = ncb + tokens
             durations = (self._base_vec(tokens) + st.request_subps_per_request * num_decoders
                          + (st.kv_subps_per_token + kv_draft) * context
-                         + st.attn_subps_per_pair * (self.step_token_context[g:end] + self.step_token_pairs[g:end]))
+                         + st.attn_subps_per_pair * (self.step_token_context[lo:lo + n] + self.step_token_pairs[lo:lo + n]))
             if k_new > 0:
                 durations += np.array([drafter.const_subps(t, num_decoders, k_new) for t in tokens.tolist()],
                                       dtype=np.int64)
@@ -935,7 +951,7 @@ class SpeculativeDecoding:
         ends = fine >> SUBPS_BITS
         if t_lim is not None and ends[n - 1] >= t_lim - t0:
             n = int(np.searchsorted(ends, t_lim - t0, side="left")) + 1
-        cum_blocks = np.cumsum(self.step_new_blocks[g:g + n])
+        cum_blocks = np.cumsum(self.step_new_blocks[lo:lo + n])
         if cum_blocks[n - 1] > engine.free_blocks:
             n = int(np.searchsorted(cum_blocks, engine.free_blocks, side="right"))
         used_before = engine.total_blocks - engine.free_blocks
@@ -952,7 +968,7 @@ class SpeculativeDecoding:
         # blocks in use at the end of step j: used_before + cum_blocks[j]; the row's integral is used x
         # duration less the blocks of step i (i >= 1) over the steps before it, nb_i x (end of step i - 1)
         # (every term < KV_BLOCK_PS_MAX: no overflow)
-        late = int(np.dot(self.step_new_blocks[g + 1:g + n], ends[:n - 1])) if n > 1 else 0
+        late = int(np.dot(self.step_new_blocks[lo + 1:lo + n], ends[:n - 1])) if n > 1 else 0
         if late:
             engine.kv_late.extend((len(engine.row_log), late))
         self._end_run(g, n, ends[:n], int(ends[0]), duration, first_tokens, used, k_step, k_new)
@@ -987,9 +1003,9 @@ class SpeculativeDecoding:
         engine = self.engine_ref()
         first_tokens, const, slope, _ = terms
         t0 = engine.now
-        end = g + n
-        ncb = self.step_computed[g:end].tolist()
-        new_blocks = self.step_new_blocks[g:end].tolist()
+        lo = g - self.step_base
+        ncb = self.step_computed[lo:lo + n].tolist()
+        new_blocks = self.step_new_blocks[lo:lo + n].tolist()
         total = engine.total_blocks
         used = total - engine.free_blocks
         fine = engine.clock_subps  # the clock's remainder below the step's start (2^-16 ps)
