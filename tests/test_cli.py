@@ -143,6 +143,29 @@ def test_out_is_a_file_and_negative_seed(tmp_path, capsys):
     assert "expected an integer >= 0" in capsys.readouterr().err
 
 
+def test_an_out_folder_removed_during_the_run_is_one_line(tmp_path, capsys, monkeypatch):
+    # the folder goes while the command runs (another shell's rm -rf, a cleaned /tmp): the atomic write's
+    # rename then fails; the user gets the file it was writing, not a traceback
+    import os
+    import shutil
+
+    from servesim import atomic
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    real_replace = os.replace
+
+    def replace_after_removal(source, target):  # the folder goes between the temporary file and its rename
+        shutil.rmtree(out, ignore_errors=True)
+        return real_replace(source, target)
+
+    monkeypatch.setattr(atomic.os, "replace", replace_after_removal)
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"servesim: error: {out}") and "No such file or directory" in err
+
+
 @pytest.mark.parametrize(
     "change, words",
     [

@@ -199,9 +199,14 @@ def _run(module, args: argparse.Namespace) -> int:
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
-    except (FileExistsError, NotADirectoryError, IsADirectoryError, PermissionError) as exc:
-        # e.g. --out names an existing file: a user mistake, said in one line
-        print(f"servesim: error: {exc.filename or ''}: {exc.strerror}", file=sys.stderr)
+    except OSError as exc:
+        if exc.filename is None:  # not about a file: a fault of servesim's, with its traceback
+            raise
+        # a file or folder servesim cannot read or write: --out names an existing file, a folder without
+        # permission, a full disk, an output folder removed while the command ran; said in one line
+        # (os.replace names the temporary file first and the file it was to become second)
+        name = exc.filename2 if exc.filename2 is not None else exc.filename
+        print(f"servesim: error: {name}: {exc.strerror or exc}", file=sys.stderr)
         return 2
     except MemoryError as exc:
         # a huge input (num_requests, a sweep's grid, a trace) that numpy cannot allocate: said in one line
