@@ -233,14 +233,17 @@ class SpeculativeDecoding:
         self.initial_k = K if spec.schedule.entries is None else spec.schedule.k_for(1)
         self.k = self.initial_k  # drafts per round of the aggregated decoders
         output_tokens = engine.output_tokens
-        # request r's acceptance draws start at the sum of the output tokens of the requests before it
-        self.round_offset = (np.concatenate(([0], np.cumsum(np.asarray(output_tokens, dtype=np.int64))[:-1])).tolist()
-                             if num_requests else [])
-        self.rounds_done = [0] * num_requests  # verification rounds each request has run
+        # request r's acceptance draws start at the sum of the output tokens of the requests before it; these
+        # per-request counters are int64 arrays of the array module (8 bytes a request; read and written as
+        # Python ints, where a list would also hold an int object of 32 bytes for each value above 256)
+        offsets = np.cumsum(np.asarray(output_tokens, dtype=np.int64)) - np.asarray(output_tokens, dtype=np.int64)
+        self.round_offset = array("q", offsets.astype(np.int64).tobytes())
+        self.rounds_done = array("q", bytes(8 * num_requests))  # verification rounds each request has run
         # per request (drawn at each decode phase's start when the table is not precomputed): (first round,
         # int array of A values)
         self.acceptance_tables: list = [None] * num_requests
-        self.known_at_join = [0] * num_requests  # async + prefix caching: tokens known when a decoder's first round is scheduled
+        # async + prefix caching: tokens known when a decoder's first round is scheduled
+        self.known_at_join = array("q", bytes(8 * num_requests))
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
