@@ -78,7 +78,7 @@ from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.block_manager import BlockManager, PrefixCacheStats
 from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.engine.run_records import RunRecords, step_durations_s
-from servesim.engine.step_rows import KV_BLOCK_PS_MAX, IntLog, StepRow
+from servesim.engine.step_rows import KV_BLOCK_PS_MAX, StepRowLog
 from servesim.errors import SettingError
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
@@ -253,8 +253,9 @@ class Engine:
         # Step log: one row per step or run, a plain tuple of StepRow's fields in its order, read by field
         # name at output (exact tuples of ints, which the garbage collector untracks; a NamedTuple per row
         # would be traversed by every full collection, a cost that grows with the log). ``rows`` is the
-        # log's recent part, which the hot paths append to; older rows are int64 chunks (IntLog)
-        self.row_log = IntLog(len(StepRow._fields), tuples=True)
+        # log's recent part, which the hot paths append to; older rows are chunks of int64 times and int32
+        # counts (StepRowLog)
+        self.row_log = StepRowLog()
         self.rows: list[tuple] = self.row_log.items
         # what the rows' runs need at output to rebuild their steps' ends and KV integrals; the hot paths
         # extend the recent parts of its logs through these aliases (flat lists of ints)
@@ -1242,9 +1243,7 @@ class Engine:
             num_cached_tokens=np.maximum(np.asarray(self.num_cached_tokens, dtype=np.int64), 0),
         )
         self._drop_request_state()
-        rows = self.row_log.array()
-        rows.flags.writeable = False  # the step log's integer columns are views of it (no copy of the log)
-        col = dict(zip(StepRow._fields, rows.T))
+        col = self.row_log.columns()  # read-only views: the step log's integer columns (no copy of the log)
         ends = self.run_records.step_ends(col["num_steps"], col["duration_ps"])
         kv_block_ps = self.run_records.kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends)
         self.run_records = None  # read into ``ends`` and ``kv_block_ps``

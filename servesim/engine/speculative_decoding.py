@@ -233,12 +233,14 @@ class SpeculativeDecoding:
         self.initial_k = K if spec.schedule.entries is None else spec.schedule.k_for(1)
         self.k = self.initial_k  # drafts per round of the aggregated decoders
         output_tokens = engine.output_tokens
-        # request r's acceptance draws start at the sum of the output tokens of the requests before it; these
-        # per-request counters are int64 arrays of the array module (8 bytes a request; read and written as
-        # Python ints, where a list would also hold an int object of 32 bytes for each value above 256)
+        # request r's acceptance draws start at the sum of the output tokens of the requests before it: an
+        # int64 array of the array module, as the tokens known at join below (8 bytes a request, read as
+        # Python ints, where a list would also hold an int object of 32 bytes for each value above 256);
+        # the rounds done stay a list (incremented every round of a request stepped on its own, faster on a
+        # list; small values, shared int objects)
         offsets = np.cumsum(np.asarray(output_tokens, dtype=np.int64)) - np.asarray(output_tokens, dtype=np.int64)
         self.round_offset = array("q", offsets.astype(np.int64).tobytes())
-        self.rounds_done = array("q", bytes(8 * num_requests))  # verification rounds each request has run
+        self.rounds_done = [0] * num_requests  # verification rounds each request has run
         # per request (drawn at each decode phase's start when the table is not precomputed): (first round,
         # int array of A values)
         self.acceptance_tables: list = [None] * num_requests

@@ -152,3 +152,87 @@ class IntLog:
                 del chunk
             chunks.append(joined)
         return chunks[0]
+
+
+NARROW_STEP_COLUMNS: tuple[str, ...] = ("num_steps", "batch_size", "num_tokens", "num_prefill_tokens", "itl_samples",
+                                        "kv_blocks_used", "num_waiting", "num_preempted", "k")
+"""The step log's columns of counts (steps, requests, tokens, blocks, drafts), held as int32 by
+:class:`StepRowLog`; the other four are times in picoseconds (int64)."""
+
+
+class StepRowLog:
+    """The engine's step log: :class:`StepRow` tuples while recent, then chunks of two arrays each, the
+    picosecond columns as int64 and the counts (:data:`NARROW_STEP_COLUMNS`) as int32: 68 bytes a row
+    instead of 104 (2.9 million rows at 10^6 requests). Should a count ever exceed int32, the counts of
+    the whole log become int64 (nothing is lost; :meth:`compact` checks every chunk).
+
+    Attributes:
+        items: the recent rows (tuples of StepRow's fields in its order); the engine appends to this list
+            directly on its hot paths.
+        chunks: ``(times, counts)`` per chunk, in order: int64 (rows, 4) and (rows, 9) of ``counts_dtype``.
+        records_before: rows held in ``chunks``.
+        counts_dtype: int32, or int64 once a count did not fit.
+    """
+
+    __slots__ = ("items", "chunks", "records_before", "counts_dtype")
+
+    TIME_INDEX = np.array([i for i, name in enumerate(StepRow._fields) if name not in NARROW_STEP_COLUMNS])
+    COUNT_INDEX = np.array([StepRow._fields.index(name) for name in NARROW_STEP_COLUMNS])
+
+    def __init__(self) -> None:
+        self.items: list[tuple] = []
+        self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
+        self.records_before = 0
+        self.counts_dtype = np.dtype(np.int32)
+
+    def __len__(self) -> int:
+        """Rows logged so far (the index the next row gets)."""
+        return self.records_before + len(self.items)
+
+    def full(self) -> bool:
+        """Whether the recent rows hold at least :data:`LOG_CHUNK_VALUES` values."""
+        return len(self.items) * len(StepRow._fields) >= LOG_CHUNK_VALUES
+
+    def compact(self) -> None:
+        """Move the recent rows into a chunk (``items`` is emptied in place: aliases stay valid)."""
+        items = self.items
+        if not items:
+            return
+        width = len(StepRow._fields)
+        rows = np.fromiter(chain.from_iterable(items), dtype=np.int64, count=len(items) * width).reshape(-1, width)
+        wide_counts = rows[:, self.COUNT_INDEX]
+        counts = wide_counts.astype(self.counts_dtype)
+        if not np.array_equal(counts, wide_counts):  # a count beyond int32: the whole log's counts widen
+            self.counts_dtype = np.dtype(np.int64)
+            self.chunks = [(times, older.astype(np.int64)) for times, older in self.chunks]
+            counts = wide_counts
+        self.chunks.append((rows[:, self.TIME_INDEX], counts))
+        self.records_before += rows.shape[0]
+        items.clear()
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """Every row's value of each field of :class:`StepRow`, by name: read-only views of two joined
+        arrays, (rows, 4) int64 and (rows, 9) of ``counts_dtype``, which the log keeps as its one chunk.
+
+        The chunks are copied into the joined arrays one at a time and each is dropped once copied, so that
+        the log and its joined copy never both exist."""
+        self.compact()
+        chunks = self.chunks
+        if len(chunks) != 1:
+            times = np.empty((self.records_before, len(self.TIME_INDEX)), dtype=np.int64)
+            counts = np.empty((self.records_before, len(self.COUNT_INDEX)), dtype=self.counts_dtype)
+            start = 0
+            chunks.reverse()  # popped from the end, in order
+            while chunks:
+                chunk_times, chunk_counts = chunks.pop()
+                stop = start + chunk_times.shape[0]
+                times[start:stop] = chunk_times
+                counts[start:stop] = chunk_counts
+                start = stop
+                del chunk_times, chunk_counts
+            chunks.append((times, counts))
+        times, counts = chunks[0]
+        times.flags.writeable = counts.flags.writeable = False  # the step log's columns are views of them
+        named = dict(zip((StepRow._fields[i] for i in self.TIME_INDEX), times.T))
+        named.update(zip(NARROW_STEP_COLUMNS, counts.T))
+        return {name: named[name] for name in StepRow._fields}
