@@ -172,9 +172,10 @@ class StepRowLog:
         chunks: ``(times, counts)`` per chunk, in order: int64 (rows, 4) and (rows, 9) of ``counts_dtype``.
         records_before: rows held in ``chunks``.
         counts_dtype: int32, or int64 once a count did not fit.
+        full_rows: the recent rows from which :meth:`full` holds.
     """
 
-    __slots__ = ("items", "chunks", "records_before", "counts_dtype")
+    __slots__ = ("items", "chunks", "records_before", "counts_dtype", "full_rows")
 
     TIME_INDEX = np.array([i for i, name in enumerate(StepRow._fields) if name not in NARROW_STEP_COLUMNS])
     COUNT_INDEX = np.array([StepRow._fields.index(name) for name in NARROW_STEP_COLUMNS])
@@ -184,14 +185,16 @@ class StepRowLog:
         self.chunks: list[tuple[np.ndarray, np.ndarray]] = []
         self.records_before = 0
         self.counts_dtype = np.dtype(np.int32)
+        self.full_rows = -(-LOG_CHUNK_VALUES // len(StepRow._fields))  # rows of at least LOG_CHUNK_VALUES values
 
     def __len__(self) -> int:
         """Rows logged so far (the index the next row gets)."""
         return self.records_before + len(self.items)
 
     def full(self) -> bool:
-        """Whether the recent rows hold at least :data:`LOG_CHUNK_VALUES` values."""
-        return len(self.items) * len(StepRow._fields) >= LOG_CHUNK_VALUES
+        """Whether the recent rows hold at least :data:`LOG_CHUNK_VALUES` values (asked between SimPy
+        events)."""
+        return len(self.items) >= self.full_rows
 
     def compact(self) -> None:
         """Move the recent rows into a chunk (``items`` is emptied in place: aliases stay valid)."""
