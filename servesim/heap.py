@@ -5,11 +5,12 @@ glibc's ``malloc`` serves a block of at least ``M_MMAP_THRESHOLD`` bytes (128 Ki
 ``mmap`` and gives it back with ``munmap`` when freed. Its threshold is dynamic: freeing a mapped block
 raises it to that block's size (up to 32 MiB on 64-bit machines), and the blocks below the new threshold come
 from the heap instead, where freed memory stays resident while anything above it in the heap lives. A
-simulation's step log is held in 2 MiB chunks that the engine's output copies into one array and frees
-(:class:`~servesim.engine.step_rows.IntLog`), and its output and summary build and free arrays of the runs'
-rows and steps: at 10^6 requests the freed heap memory kept the process's peak 280 MB higher
-(``benchmarks/bench_scale.py``; glibc manual, "Memory Allocation Tunables", ``mallopt(3)``).
-Setting the threshold fixes it (``mallopt`` turns the dynamic adjustment off).
+simulation's step log is held in chunks of 0.6-0.7 MiB that the engine's output copies into one array and
+frees (:class:`~servesim.engine.step_rows.StepRowLog`), and its output and summary build and free arrays of
+the runs' rows and steps: at 10^6 requests the freed heap memory kept the process's peak 95 MB higher (959
+against 863 MB, ``benchmarks/bench_scale.py``'s configuration; 280 MB higher before the step log's counts
+became int32; glibc manual, "Memory Allocation Tunables", ``mallopt(3)``). Setting the threshold fixes it
+(``mallopt`` turns the dynamic adjustment off).
 """
 
 from __future__ import annotations
@@ -17,10 +18,10 @@ from __future__ import annotations
 import ctypes
 import sys
 
-MMAP_THRESHOLD_BYTES = 1 << 20
-"""Blocks of at least this many bytes (1 MiB) get their own memory map: every chunk of the step log (2 MiB)
-and every array of a large run's steps, rows or requests, and none of the many small arrays of a short run
-(a map costs a system call and a page fault per page)."""
+MMAP_THRESHOLD_BYTES = 1 << 19
+"""Blocks of at least this many bytes (512 KiB) get their own memory map: every chunk of the step log and
+every array of a large run's steps, rows or requests, and none of the many small arrays of a short run (a
+map costs a system call and a page fault per page; 1 MiB left the step log's chunks in the heap: 954 MB)."""
 
 M_MMAP_THRESHOLD = -3
 """``mallopt``'s parameter number of the threshold (glibc's ``malloc.h``)."""
