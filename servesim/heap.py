@@ -1,16 +1,16 @@
-"""How the C heap serves servesim's large arrays: each from its own memory map, so that freeing one returns its
-memory to the operating system (glibc only).
+"""Giving the C heap's free memory back to the operating system once a large run's logs are read (glibc only).
 
-glibc's ``malloc`` serves a block of at least ``M_MMAP_THRESHOLD`` bytes (128 KiB at start) with its own
-``mmap`` and gives it back with ``munmap`` when freed. Its threshold is dynamic: freeing a mapped block
-raises it to that block's size (up to 32 MiB on 64-bit machines), and the blocks below the new threshold come
-from the heap instead, where freed memory stays resident while anything above it in the heap lives. A
-simulation's step log is held in chunks of 0.6-0.7 MiB that the engine's output copies into one array and
-frees (:class:`~servesim.engine.step_rows.StepRowLog`), and its output and summary build and free arrays of
-the runs' rows and steps: at 10^6 requests the freed heap memory kept the process's peak 95 MB higher (959
-against 863 MB, ``benchmarks/bench_scale.py``'s configuration; 280 MB higher before the step log's counts
-became int32; glibc manual, "Memory Allocation Tunables", ``mallopt(3)``). Setting the threshold fixes it
-(``mallopt`` turns the dynamic adjustment off).
+glibc's ``malloc`` serves blocks below its ``M_MMAP_THRESHOLD`` from the heap, and memory freed there stays
+resident while anything above it in the heap lives. The threshold is dynamic: freeing a memory-mapped block
+raises it to that block's size (up to 32 MiB on 64-bit machines), so after a run's first large temporaries
+are freed, the step log's chunks (0.6-0.7 MB each, :class:`~servesim.engine.step_rows.StepRowLog`) come from
+the heap. The engine's output copies them into one array and frees them, and that free heap memory stayed
+resident under the output's and the summary's arrays: at 10^6 requests the peak was 959 MB without the trim
+and is 872 MB with it (``benchmarks/bench_scale.py``'s configuration, without speculation).
+``malloc_trim(0)`` returns the free pages, also those in the middle of the heap (glibc since 2.8; glibc
+manual, "Memory Allocation Tunables", ``malloc_trim(3)``), without changing how ``malloc`` serves anything:
+a process-wide threshold fixed at 512 KiB gave the same peak but cost the simulation a memory map per large
+temporary (EAGLE at 10^6: 180 s against 143 s).
 """
 
 from __future__ import annotations
@@ -18,38 +18,35 @@ from __future__ import annotations
 import ctypes
 import sys
 
-MMAP_THRESHOLD_BYTES = 1 << 19
-"""Blocks of at least this many bytes (512 KiB) get their own memory map: every chunk of the step log and
-every array of a large run's steps, rows or requests, and none of the many small arrays of a short run (a
-map costs a system call and a page fault per page; 1 MiB left the step log's chunks in the heap: 954 MB)."""
 
-M_MMAP_THRESHOLD = -3
-"""``mallopt``'s parameter number of the threshold (glibc's ``malloc.h``)."""
-
-
-def map_large_blocks(threshold_bytes: int = MMAP_THRESHOLD_BYTES) -> bool:
-    """Have this process's ``malloc`` serve every block of at least ``threshold_bytes`` (bytes) with its own
-    memory map, returned to the operating system when freed (process-wide; the ``servesim`` command calls it
-    at its start, a program that imports servesim decides for itself).
-
-    Returns:
-        Whether the setting took effect: False where the C library is not glibc (macOS, Windows, musl),
-        where nothing is changed.
-
-    Raises:
-        ValueError: ``threshold_bytes`` is not positive.
-    """
-    if threshold_bytes <= 0:
-        raise ValueError(f"threshold_bytes must be positive, got {threshold_bytes}")
+def _malloc_trim():
+    """glibc's ``malloc_trim``, or None where the C library is not glibc (macOS, Windows, musl)."""
     if not sys.platform.startswith("linux"):
-        return False
+        return None
     try:
         libc = ctypes.CDLL(None)
     except OSError:
-        return False
-    if not (hasattr(libc, "mallopt") and hasattr(libc, "gnu_get_libc_version")):  # musl's mallopt does nothing
-        return False
-    mallopt = libc.mallopt
-    mallopt.argtypes = (ctypes.c_int, ctypes.c_int)
-    mallopt.restype = ctypes.c_int
-    return bool(mallopt(M_MMAP_THRESHOLD, int(threshold_bytes)))
+        return None
+    if not (hasattr(libc, "malloc_trim") and hasattr(libc, "gnu_get_libc_version")):
+        return None
+    trim = libc.malloc_trim
+    trim.argtypes = (ctypes.c_size_t,)
+    trim.restype = ctypes.c_int
+    return trim
+
+
+_TRIM = _malloc_trim()
+
+
+def release_free_memory() -> bool:
+    """Give the C heap's free pages back to the operating system (``malloc_trim(0)``).
+
+    Called by :meth:`Engine.output <servesim.engine.core.Engine.output>` once the step log's chunks are
+    joined and freed, and at its end. Cost: one walk of the heap's free memory (milliseconds for a run of
+    10^6 requests, microseconds for a short one).
+
+    Returns:
+        Whether memory was given back: False where nothing could be (the C library is not glibc) or nothing
+        was free.
+    """
+    return bool(_TRIM(0)) if _TRIM is not None else False

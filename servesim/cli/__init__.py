@@ -15,8 +15,6 @@ import signal
 import sys
 import threading
 
-from servesim import heap
-
 # name -> (module, one-line help). Modules are imported only when their command runs.
 COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("servesim.cli.run", "simulate one config and write summary.json, requests.csv, steps.csv"),
@@ -148,7 +146,6 @@ def main(argv: list[str] | None = None) -> int:
     """
     if argv is None:
         argv = sys.argv[1:]
-    heap.map_large_blocks()  # a large run's freed arrays return their memory (servesim.heap)
     # SIGTERM and Ctrl-C while the command line is parsed (the command's module is imported then) get the
     # same one line as during the command, not a traceback
     in_main_thread = threading.current_thread() is threading.main_thread()

@@ -80,6 +80,7 @@ from servesim.engine.output import EngineOutput, RequestLog, StepLog
 from servesim.engine.run_records import RunRecords, step_durations_s
 from servesim.engine.step_rows import KV_BLOCK_PS_MAX, StepRowLog
 from servesim.errors import SettingError
+from servesim.heap import release_free_memory
 from servesim.roofline import PS_PER_S, SUBPS_BITS, SUBPS_MASK, StepTimeModel
 
 
@@ -1244,6 +1245,7 @@ class Engine:
         )
         self._drop_request_state()
         col = self.row_log.columns()  # read-only views: the step log's integer columns (no copy of the log)
+        release_free_memory()  # the log's chunks, freed into the C heap (servesim.heap)
         ends = self.run_records.step_ends(col["num_steps"], col["duration_ps"])
         kv_block_ps = self.run_records.kv_block_ps(col["kv_blocks_used"], col["duration_ps"], col["num_steps"], ends)
         self.run_records = None  # read into ``ends`` and ``kv_block_ps``
@@ -1275,4 +1277,5 @@ class Engine:
             spec_counters=spec_counters,
             prefix_cache=dataclasses.asdict(self.prefix_cache_stats) if self.prefix_caching else {},
         )
+        release_free_memory()  # the temporaries of the steps' ends and the runs' records
         return self.finished_output
