@@ -1,5 +1,6 @@
 """The rows of the engine's step log as the engine writes them (integer picoseconds), their bounds, and the
-chunked int64 log that holds them (and the runs' records) during a run."""
+chunked logs that hold them (:class:`StepRowLog`: int64 times, int32 counts) and the runs' records
+(:class:`IntLog`: int64) during a run."""
 
 from __future__ import annotations
 
