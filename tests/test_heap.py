@@ -50,7 +50,7 @@ def test_freed_heap_arrays_return_to_the_os_only_when_released():
     assert _released_mib("keep") < 10  # glibc keeps them in its heap
 
 
-@pytest.mark.skipif(IS_GLIBC, reason="without glibc there is nothing to release")
+@pytest.mark.skipif(IS_GLIBC, reason="checks the C libraries other than glibc, where release_free_memory does nothing")
 def test_release_is_a_no_op_without_glibc():
     assert heap.release_free_memory() is False
 
