@@ -5,6 +5,7 @@ changes no result, and its size follows the decoders' horizon."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from servesim.config.models import load_config
 from servesim.engine import speculative_decoding
 from servesim.wiring import build_engine
 
-CONFIG = "experiments/azure-conv-llama8b-h100.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "azure-conv-llama8b-h100.yaml"
 SPECS = {
     "eagle": {"method": "eagle", "num_speculative_tokens": 3, "acceptance": "eagle-llama3.1-8b-sharegpt-k3"},
     # empty n-gram drafts: the verify width varies, and the window also holds the token sums
