@@ -77,6 +77,22 @@ LOG_CHUNK_VALUES = 2**18
 """Values a log gathers as Python objects before they move into an int64 chunk (2 MiB of chunk)."""
 
 
+def _joined(chunks: list[np.ndarray], rows: int, width: int, dtype) -> np.ndarray:
+    """The arrays of ``chunks`` ((n_i, width) each, in order, ``rows`` in all) joined into one (rows, width)
+    array of ``dtype``, each chunk dropped from the list as soon as it is copied, so that the chunks and their
+    join never both exist whole (``np.concatenate`` would hold twice the log at its end); the list is left
+    empty."""
+    joined = np.empty((rows, width), dtype=dtype)
+    start = 0
+    chunks.reverse()  # popped from the end, in order
+    while chunks:
+        chunk = chunks.pop()
+        joined[start:start + chunk.shape[0]] = chunk
+        start += chunk.shape[0]
+        del chunk
+    return joined
+
+
 class IntLog:
     """A log of records of ``width`` integers each, kept as Python objects while recent and moved into int64
     (or ``dtype``) numpy chunks by :meth:`compact` (a long run then holds 8 bytes per value instead of a
@@ -85,8 +101,8 @@ class IntLog:
 
     Attributes:
         width: integers per record.
-        tuples: whether ``items`` holds one tuple per record (else a flat list of integers).
-        items: the recent records; the engine appends to this list directly on its hot paths.
+        items: the recent records, flat (``width`` integers each); the engine extends this list directly on
+            its hot paths.
         chunks: arrays (records, width) of ``dtype`` holding the older records, in order.
         records_before: records held in ``chunks``.
         dtype: the chunks' integer dtype (int64 unless every value is known to fit a narrower one).
@@ -95,11 +111,10 @@ class IntLog:
         OverflowError: (at :meth:`compact`) a value outside the dtype.
     """
 
-    __slots__ = ("width", "tuples", "items", "chunks", "records_before", "dtype")
+    __slots__ = ("width", "items", "chunks", "records_before", "dtype")
 
-    def __init__(self, width: int, tuples: bool = False, dtype=np.int64) -> None:
+    def __init__(self, width: int, dtype=np.int64) -> None:
         self.width = width
-        self.tuples = tuples
         self.dtype = np.dtype(dtype)
         self.items: list = []
         self.chunks: list[np.ndarray] = []
@@ -107,21 +122,19 @@ class IntLog:
 
     def __len__(self) -> int:
         """Records logged so far (the index the next record gets)."""
-        recent = len(self.items) if self.tuples else len(self.items) // self.width
-        return self.records_before + recent
+        return self.records_before + len(self.items) // self.width
 
     def full(self) -> bool:
         """Whether the recent records hold at least :data:`LOG_CHUNK_VALUES` values."""
-        return len(self.items) * (self.width if self.tuples else 1) >= LOG_CHUNK_VALUES
+        return len(self.items) >= LOG_CHUNK_VALUES
 
     def compact(self) -> None:
         """Move the recent records into a chunk (``items`` is emptied in place: aliases stay valid)."""
         items = self.items
         if not items:
             return
-        count = len(items) if self.tuples else len(items) // self.width
-        values = chain.from_iterable(items) if self.tuples else items
-        self.chunks.append(np.fromiter(values, dtype=self.dtype, count=count * self.width).reshape(count, self.width))
+        count = len(items) // self.width
+        self.chunks.append(np.fromiter(items, dtype=self.dtype, count=count * self.width).reshape(count, self.width))
         self.records_before += count
         items.clear()
 
@@ -134,25 +147,12 @@ class IntLog:
         self.records_before += chunk.shape[0]
 
     def array(self) -> np.ndarray:
-        """Every record, (records, width) of the log's dtype; the log keeps it as its one chunk.
-
-        The chunks are copied into the result one at a time and each is dropped once copied, so that the
-        log and its joined copy never both exist (``np.concatenate`` would hold twice the log at its end)."""
+        """Every record, (records, width) of the log's dtype; the log keeps it as its one chunk (the chunks
+        are joined one at a time, :func:`_joined`)."""
         self.compact()
-        chunks = self.chunks
-        if not chunks:
-            return np.zeros((0, self.width), dtype=self.dtype)
-        if len(chunks) > 1:
-            joined = np.empty((self.records_before, self.width), dtype=self.dtype)
-            start = 0
-            chunks.reverse()  # popped from the end, in order
-            while chunks:
-                chunk = chunks.pop()
-                joined[start:start + chunk.shape[0]] = chunk
-                start += chunk.shape[0]
-                del chunk
-            chunks.append(joined)
-        return chunks[0]
+        if len(self.chunks) != 1:
+            self.chunks.append(_joined(self.chunks, self.records_before, self.width, self.dtype))
+        return self.chunks[0]
 
 
 NARROW_STEP_COLUMNS: tuple[str, ...] = ("num_steps", "batch_size", "num_tokens", "num_prefill_tokens", "itl_samples",
@@ -218,22 +218,15 @@ class StepRowLog:
         """Every row's value of each field of :class:`StepRow`, by name: read-only views of two joined
         arrays, (rows, 4) int64 and (rows, 9) of ``counts_dtype``, which the log keeps as its one chunk.
 
-        The chunks are copied into the joined arrays one at a time and each is dropped once copied, so that
-        the log and its joined copy never both exist."""
+        The chunks are joined one at a time (:func:`_joined`), so that the log and its joined copy never both
+        exist whole."""
         self.compact()
         chunks = self.chunks
         if len(chunks) != 1:
-            times = np.empty((self.records_before, len(self.TIME_INDEX)), dtype=np.int64)
-            counts = np.empty((self.records_before, len(self.COUNT_INDEX)), dtype=self.counts_dtype)
-            start = 0
-            chunks.reverse()  # popped from the end, in order
-            while chunks:
-                chunk_times, chunk_counts = chunks.pop()
-                stop = start + chunk_times.shape[0]
-                times[start:stop] = chunk_times
-                counts[start:stop] = chunk_counts
-                start = stop
-                del chunk_times, chunk_counts
+            time_chunks, count_chunks = [times for times, _ in chunks], [counts for _, counts in chunks]
+            chunks.clear()
+            times = _joined(time_chunks, self.records_before, len(self.TIME_INDEX), np.int64)
+            counts = _joined(count_chunks, self.records_before, len(self.COUNT_INDEX), self.counts_dtype)
             chunks.append((times, counts))
         times, counts = chunks[0]
         times.flags.writeable = counts.flags.writeable = False  # the step log's columns are views of them
