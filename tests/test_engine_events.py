@@ -57,3 +57,31 @@ def test_steps_batched_up_to_the_next_arrival_give_the_same_results(spec):
     # waits of an idle engine: here about a third as many
     num_requests = len(out_b.requests)
     assert env_batched.timeouts <= 2 * num_requests + 1 < env_single.timeouts
+
+
+@pytest.mark.parametrize("concurrency", [None, 2])
+def test_arrival_source_next_time_follows_every_release_and_finish(concurrency):
+    """``ArrivalSource.next_ps`` (read by the engine's hot loop) is the next unreleased arrival after every
+    change: open loop, its schedule; closed loop, the clients' next sends (a finish issues one)."""
+    times = [0, 5, 5, 9, 20]
+    source = ArrivalSource(times=times if concurrency is None else None, num_requests=len(times),
+                           concurrency=concurrency, think_ps=3)
+    released: list = []
+    expected_next = 0
+    assert source.next_time() == source.next_ps == expected_next
+    now = 0
+    while source.next_ps is not None:
+        got: list = []
+        source.pop_until(now, got)
+        released += got
+        if concurrency is None:
+            pending = [t for t in times[len(released):]]
+            assert source.next_ps == (pending[0] if pending else None)
+        else:
+            for _ in got:
+                source.on_finish(now + 1)  # each released request finishes 1 ps later
+            pending = sorted(t for t, _ in source._heap)
+            assert source.next_ps == (pending[0] if pending else None)
+        assert source.next_time() == source.next_ps
+        now = source.next_ps if source.next_ps is not None else now
+    assert sorted(r for r, _ in released) == list(range(len(times)))

@@ -29,18 +29,25 @@ class ArrivalSource:
     _pos: int = 0
     _heap: list = field(default_factory=list)
     _next_issue: int = 0
+    #: what :meth:`next_time` returns, kept up to date by every change (the engine's hot loop reads it)
+    next_ps: int | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         if self.concurrency is not None:
             first = min(self.concurrency, self.num_requests)
             self._heap = [(0, r) for r in range(first)]
             self._next_issue = first
+        self._update_next()
+
+    def _update_next(self) -> None:
+        if self.concurrency is None:
+            self.next_ps = self.times[self._pos] if self._pos < self.num_requests else None
+        else:
+            self.next_ps = self._heap[0][0] if self._heap else None
 
     def next_time(self) -> int | None:
         """Arrival time (ps) of the next request not yet released, or None when none is pending."""
-        if self.concurrency is None:
-            return self.times[self._pos] if self._pos < self.num_requests else None
-        return self._heap[0][0] if self._heap else None
+        return self.next_ps
 
     def pop_until(self, now: int, out: list) -> None:
         """Append to ``out`` (request id, arrival ps) of every pending request arrived by ``now``."""
@@ -55,12 +62,14 @@ class ArrivalSource:
             while heap and heap[0][0] <= now:
                 t, r = heapq.heappop(heap)
                 out.append((r, t))
+        self._update_next()
 
     def on_finish(self, now: int) -> None:
         """A request finished at ``now`` (ps): in closed loop, its client sends the next request."""
         if self.concurrency is not None and self._next_issue < self.num_requests:
             heapq.heappush(self._heap, (now + self.think_ps, self._next_issue))
             self._next_issue += 1
+            self._update_next()
 
     def count_until(self, now: int) -> int:
         """How many requests not yet released have arrived by ``now`` (ps), without releasing them."""

@@ -333,7 +333,7 @@ class Engine:
                     self._fast_step()
                 if not batch or not (self.running or self.waiting):
                     break
-                t_next = arrivals.next_time()
+                t_next = arrivals.next_ps  # arrivals.next_time(), inline (hot loop)
                 if t_next is not None and t_next <= self.now:
                     break
                 if self.max_time_ps is not None and self.now >= self.max_time_ps:

@@ -55,6 +55,9 @@ class PlainDecoding:
         # prefix caching: decoder -> the step it joined the aggregate at after a step without it (no output
         # of it in flight at that step: see cached_tokens)
         self.stale_joins: dict[int, int] = {}
+        # a decode step's cost terms per batch size (:meth:`_run_terms`), and its growth per context token
+        self.run_terms: dict[int, tuple[int, int]] = {}
+        self.decode_subps_per_token = engine.step_time.decode_subps_per_token
 
     # ------------------------------------------------------------------ the exact step
     def acceptance_draw(self, r: int) -> int:
@@ -221,6 +224,15 @@ class PlainDecoding:
         top = (1 - g) % self.block_size
         return self.per_residue_twice[top + 1: top + 1 + self.block_size]
 
+    def _run_terms(self, num_decoders: int) -> tuple[int, int]:
+        """(context-free time, growth per step) of a decode step of ``num_decoders`` decoders (2^-16 ps),
+        cached per batch size: its time at step ``g`` is ``base + inc * g + decode_subps_per_token *
+        context_base_sum``."""
+        st = self.engine_ref().step_time
+        terms = (st.base_subps(num_decoders, num_decoders, num_decoders), st.decode_subps_per_token * num_decoders)
+        self.run_terms[num_decoders] = terms
+        return terms
+
     def run(self, g: int, head_tokens: int | None = None) -> None:
         """A run of decode-only steps from step ``g`` up to the next event, in O(1).
 
@@ -233,11 +245,15 @@ class PlainDecoding:
         num_decoders = self.num_decoders
         t0 = engine.now
         rem = engine.clock_subps
-        st = engine.step_time
-        per_token = st.decode_subps_per_token
-        d0 = st.base_subps(num_decoders, num_decoders, num_decoders) + per_token * (self.context_base_sum + num_decoders * g)
-        inc = per_token * num_decoders
-        n = engine.next_finish() - g + 1  # up to the step where the first decoder finishes
+        terms = self.run_terms.get(num_decoders)
+        if terms is None:
+            terms = self._run_terms(num_decoders)
+        base, inc = terms
+        d0 = base + inc * g + self.decode_subps_per_token * self.context_base_sum
+        first_finish, first_decoder = engine.finish_heap[0]
+        if engine.finish_step[first_decoder] != first_finish:  # a stale entry on top (a preempted decoder)
+            first_finish = engine.next_finish()
+        n = first_finish - g + 1  # up to the step where the first decoder finishes
         released = 0
         if engine.stale:
             n = 1
@@ -255,7 +271,7 @@ class PlainDecoding:
                 if not blocked:
                     n = 1
         if n > 1:
-            t_lim = engine.limit_time()
+            t_lim = engine.arrivals.next_time() if engine.max_time_ps is None else engine.limit_time()
             if t_lim is not None and rem + n * d0 + inc * (n * (n - 1) // 2) >= (t_lim - t0) << SUBPS_BITS:
                 n = engine.steps_to_reach(((t_lim - t0) << SUBPS_BITS) - rem, d0, inc, n)
             if n > 1 and (n // engine.block_size + 1) * num_decoders > engine.free_blocks:

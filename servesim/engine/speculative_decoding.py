@@ -899,14 +899,17 @@ class SpeculativeDecoding:
         t0 = engine.now
         k_step = self.k
         k_new = self.static_k if self.static_k is not None else self.k_for_next_step(num_decoders)
-        n = engine.next_finish() - g + 1
+        first_finish, first_decoder = engine.finish_heap[0]
+        if engine.finish_step[first_decoder] != first_finish:  # a stale entry on top (a preempted decoder)
+            first_finish = engine.next_finish()
+        n = first_finish - g + 1
         if engine.stale or k_new != k_step or engine.finishing:
             n = 1
         if n > 4096:
             n = 4096
         st, drafter = engine.step_time, self.spec.drafter
         kv_draft = drafter.kv_subps_per_draft_token * k_new
-        t_lim = engine.limit_time()
+        t_lim = engine.arrivals.next_time() if engine.max_time_ps is None else engine.limit_time()
         fixed = not self.variable_width
         if fixed:
             terms = self.run_terms.get((num_decoders, k_step, k_new)) or self._run_terms(num_decoders, k_step, k_new)
@@ -999,7 +1002,9 @@ class SpeculativeDecoding:
         engine.k_next = k_new
         if engine.finishing:
             engine.release_finishing()
-        engine.finish_decoders(g + n - 1, t1)
+        first_finish, _ = engine.finish_heap[0]
+        if first_finish == g + n - 1:  # some decoders emit their last token in the run's last step
+            engine.finish_decoders(g + n - 1, t1)
 
     def _short_run(self, g: int, n: int, t_lim, k_step: int, k_new: int, terms: RunTerms) -> None:
         """:meth:`run` for at most SHORT_RUN steps with a fixed verify width, in plain integers: the same
