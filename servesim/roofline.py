@@ -450,7 +450,7 @@ def build_step_time_model(
         # a prompt of W tokens), which keeps both terms constant over a run of identical decode steps
         window = float(model.sliding_window)
         per_token += window * float(model.attention_flops_per_pair_sliding) / tp * inv_peak
-        sliding_per_request = window * float(model.kv_bytes_per_token_sliding) / tp / kv_bw
+        sliding_per_request = window * model.kv_bytes_per_token_sliding_per_gpu(tp) / kv_bw
     lm_memory = w_lm * inv_bw
     moe = model.is_moe and not model.is_explicit
 
@@ -506,7 +506,7 @@ def build_step_time_model(
                 t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
             return t
 
-    kv, kv_err = subps_coefficient(float(model.kv_bytes_per_token) / tp / kv_bw * SUBPS_PER_S)
+    kv, kv_err = subps_coefficient(model.kv_bytes_per_token_per_gpu(tp) / kv_bw * SUBPS_PER_S)
     attn, attn_err = subps_coefficient(float(model.attention_flops_per_pair) / tp / eff_peak * SUBPS_PER_S)
     request, request_err = subps_coefficient((per_request + sliding_per_request) * SUBPS_PER_S)
     return StepTimeModel(

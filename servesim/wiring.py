@@ -77,7 +77,8 @@ def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_
 
     Raises:
         SettingError: block size not among vLLM's choices, attention heads not divisible by the tensor
-            parallel size, or ``max_num_batched_tokens < max_num_seqs``.
+            parallel size, KV heads and tensor parallel size that do not divide one another (vLLM
+            ``QKVParallelLinear``), or ``max_num_batched_tokens < max_num_seqs``.
     """
     e = cfg.engine
     if e.block_size not in VLLM_BLOCK_SIZES:
@@ -88,6 +89,13 @@ def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_
         raise SettingError(
             f"tensor_parallel_size: total number of attention heads ({heads}) must be divisible by tensor "
             f"parallel size ({tp})"
+        )
+    kv_heads = getattr(model, "num_key_value_heads", None) if getattr(model, "attention", None) != "mla" else None
+    if kv_heads and (tp % kv_heads if tp >= kv_heads else kv_heads % tp):
+        raise SettingError(
+            f"tensor_parallel_size: the number of KV heads ({kv_heads}) and the tensor parallel size ({tp}) must "
+            "divide one another (vLLM splits the KV heads across the GPUs, or replicates them once the GPUs "
+            "outnumber them)"
         )
     if max_num_batched_tokens < max_num_seqs:
         raise SettingError(

@@ -129,6 +129,28 @@ def test_qwen3_head_dim_is_not_hidden_over_heads() -> None:
     assert m.kv_bytes_per_token == 2 * 28 * 8 * 128 * 2
 
 
+@pytest.mark.parametrize("tp, per_gpu", [(1, 131072), (2, 65536), (4, 32768), (8, 16384), (16, 16384), (32, 16384)])
+def test_kv_bytes_per_gpu_split_the_kv_heads_then_replicate_them(tp, per_gpu) -> None:
+    """vLLM ``get_num_kv_heads``: max(1, 8 KV heads // TP) per GPU: Llama-3.1-8B's KV per token per GPU
+    halves with each TP doubling up to 8 GPUs, then stays at one head (2 x 32 x 1 x 128 x 2 B)."""
+    m = load_model("llama-3.1-8b")
+    assert m.kv_heads_per_gpu(tp) == max(1, 8 // tp)
+    assert m.kv_bytes_per_token_per_gpu(tp) == per_gpu
+
+
+@pytest.mark.parametrize("tp", [1, 8, 16])
+def test_mla_latent_is_whole_on_every_gpu(tp) -> None:
+    """MLA (DeepSeek-V3): one latent of kv_lora_rank + rope dims per token and layer, held by every GPU of
+    the group (vLLM: get_num_kv_heads is 1), so its KV per GPU does not fall with TP."""
+    m = load_model("deepseek-v3")
+    assert m.kv_bytes_per_token_per_gpu(tp) == 61 * (512 + 64) * 2 == m.kv_bytes_per_token
+
+
+def test_explicit_card_kv_is_split_by_tp() -> None:
+    m = load_model("lesson-8b-fp16")  # explicit: num_params and kv_bytes_per_token 131072
+    assert m.is_explicit and m.kv_bytes_per_token_per_gpu(4) == 32768.0
+
+
 def test_fp8_kv_cache_halves_kv_bytes() -> None:
     m = ModelCard.model_validate({**load_model("llama-3.1-8b").model_dump(), "kv_cache_dtype": "fp8"})
     assert m.kv_bytes_per_token == 65536

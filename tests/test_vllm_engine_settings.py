@@ -106,3 +106,27 @@ def test_budget_must_leave_a_token_beyond_the_drafting_slots():
                                      engine={"max_num_batched_tokens": 1, "max_num_seqs": 1}), "test")
     with pytest.raises(ConfigError, match="max_num_new_slots_for_drafting=1"):
         build_engine(cfg, ROOT, np.random.SeedSequence(0))
+
+
+def test_kv_cache_blocks_follow_vllm_kv_heads_per_gpu():
+    """Beyond 8 GPUs Llama-3.1-8B's 8 KV heads are replicated (one per GPU): the KV cache grows only by the
+    weight memory freed, not twofold per TP doubling; DeepSeek-V3's MLA latent is held whole on every GPU."""
+    from servesim.cards import load_hardware, load_model
+    from servesim.engine.kv_cache import activation_reserve_bytes, kv_cache_blocks
+
+    hw = load_hardware("h200-sxm")
+    for name, tp, per_gpu in (("llama-3.1-8b", 8, 16384), ("llama-3.1-8b", 16, 16384), ("deepseek-v3", 8, 70272)):
+        model = load_model(name)
+        blocks = kv_cache_blocks(hw, model, tensor_parallel_size=tp, block_size=16, gpu_memory_utilization=0.9,
+                                 max_num_batched_tokens=8192, max_num_seqs=256)
+        free = (0.9 * float(hw.memory_bytes) - float(model.weight_bytes) / tp
+                - activation_reserve_bytes(model, tp, 8192, 256))
+        assert blocks == int(free // (per_gpu * 16)), (name, tp)
+
+
+def test_kv_heads_and_tp_must_divide_one_another():
+    card = {**yaml.safe_load((ROOT / "hardware" / "models" / "llama-3.1-8b.yaml").read_text()),
+            "num_attention_heads": 24, "hidden_size": 3072}
+    cfg = SimConfig.model_validate({**config(model=card, tp=6)})
+    with pytest.raises(Exception, match=r"KV heads \(8\) and the tensor parallel size \(6\)"):
+        build_engine(cfg, ROOT, np.random.SeedSequence(0))

@@ -506,6 +506,43 @@ class ModelCard(InputModel):
             self.kv_bytes_per_element
         )
 
+    def kv_heads_per_gpu(self, tensor_parallel_size: int) -> int:
+        """KV heads each GPU of a tensor-parallel group holds: ``max(1, num_key_value_heads // TP)`` (vLLM
+        ``ModelConfig.get_num_kv_heads``: the heads are split, and replicated once TP exceeds them); 1 with
+        MLA (one latent per token, held whole by every GPU). Raises ``ValueError`` for an explicit card
+        (no architecture)."""
+        if self.is_explicit:
+            raise ValueError(f"{self.name}: an explicit card has no KV heads")
+        if self.attention == "mla":
+            return 1
+        assert self.num_key_value_heads is not None
+        return max(1, self.num_key_value_heads // int(tensor_parallel_size))
+
+    def kv_bytes_per_token_per_gpu(self, tensor_parallel_size: int) -> float:
+        """KV-cache bytes per token of context on each GPU of a tensor-parallel group (full-attention layers).
+
+        GQA: ``2 x layers x kv_heads_per_gpu x head_dim x kv bytes`` (``kv_bytes_per_token / TP`` while TP
+        divides the KV heads; one head per GPU beyond, replicated); MLA: ``kv_bytes_per_token``, not divided
+        (vLLM keeps the whole latent on every GPU: ``get_num_kv_heads`` is 1); explicit card:
+        ``kv_bytes_per_token / TP`` (the seed lesson's idealised split). Sliding-window layers:
+        :meth:`kv_bytes_per_token_sliding_per_gpu`. Source: vLLM 0.32 ``vllm/config/model.py``
+        (``get_num_kv_heads``), ``v1/kv_cache_interface.py`` (page size per layer).
+        """
+        tp = int(tensor_parallel_size)
+        if self.is_explicit or self.attention == "mla":
+            return float(self.kv_bytes_per_token) / (tp if self.is_explicit else 1)
+        assert self.num_key_value_heads is not None
+        return float(2 * self.num_full_attention_layers * self.kv_heads_per_gpu(tp) * self.resolved_head_dim
+                     * self.kv_bytes_per_element)
+
+    def kv_bytes_per_token_sliding_per_gpu(self, tensor_parallel_size: int) -> float:
+        """:attr:`kv_bytes_per_token_sliding` on each GPU of a tensor-parallel group (the heads split as in
+        :meth:`kv_bytes_per_token_per_gpu`); 0 without sliding-window layers."""
+        if not self.sliding_window_layers:
+            return 0.0
+        return float(2 * self.sliding_window_layers * self.kv_heads_per_gpu(tensor_parallel_size)
+                     * self.resolved_head_dim * self.kv_bytes_per_element)
+
     @overload
     def kv_bytes_for_context(self, num_tokens: int | float | np.integer) -> float: ...
     @overload

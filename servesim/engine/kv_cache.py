@@ -10,7 +10,10 @@ memory`` after the weights, the peak activations of a profiling forward pass at
 
 per GPU, unless the config gives ``activation_reserve_bytes``. Then
 
-    blocks = floor((util * memory - weights / TP - reserve) / (kv_bytes_per_token / TP * block_size))
+    blocks = floor((util * memory - weights / TP - reserve) / (kv_bytes_per_token_per_gpu * block_size))
+
+with ``kv_bytes_per_token_per_gpu`` as vLLM splits the KV heads (``kv_bytes_per_token / TP`` while TP divides
+them, one head per GPU beyond; MLA's latent whole on every GPU: ``ModelCard.kv_bytes_per_token_per_gpu``).
 
 ``num_gpu_blocks_override`` bypasses all of this, as in vLLM.
 """
@@ -64,7 +67,7 @@ def kv_cache_blocks(
     usable = gpu_memory_utilization * float(hardware.memory_bytes)
     weights = float(model.weight_bytes) / tp + extra_weight_bytes_per_gpu
     free = usable - weights - reserve
-    per_block = (float(model.kv_bytes_per_token) / tp + extra_kv_bytes_per_token_per_gpu) * block_size
+    per_block = (model.kv_bytes_per_token_per_gpu(tp) + extra_kv_bytes_per_token_per_gpu) * block_size
     blocks = int(free // per_block) if per_block > 0 else 0
     if blocks < 1:
         raise SettingError(

@@ -145,7 +145,7 @@ def build_drafter(spec, hardware, target, tensor_parallel_size: int, mode: str, 
     return DrafterCost(
         kind="model",
         weight_bytes_per_gpu=weights,
-        kv_bytes_per_token_per_gpu=float(card.kv_bytes_per_token) / tp,
+        kv_bytes_per_token_per_gpu=card.kv_bytes_per_token_per_gpu(tp),
         kv_subps_per_draft_token=model.kv_subps_per_token,
         draft_model=model,
         pass_overhead_subps=0 if mode == "ideal" else round(spec.draft_pass_overhead_s * SUBPS_PER_S),
