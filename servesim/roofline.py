@@ -321,11 +321,28 @@ class StepTimeModel:
         return self.weight_read_s(1) / per_token if per_token > 0 else math.inf
 
 
-def subps_coefficient(exact_subps: float) -> tuple[int, float]:
+#: Largest step-time coefficient (2^-16 ps per token, pair or request): 2^46 ps (about 70 s, the longest
+#: engine step, ``servesim.wiring.MAX_STEP_S``) for a single unit.
+MAX_COEFFICIENT_SUBPS = float(2**46 * SUBPS_PER_PS)
+
+
+def subps_coefficient(exact_subps: float, what: str = "step-time") -> tuple[int, float]:
     """An integer coefficient (2^-16 ps per unit) from its exact value, and its relative rounding error.
 
     A positive coefficient is at least 1 (a cost never rounds to nothing); 0 stays 0 with error 0.
+
+    Raises:
+        SettingError: the coefficient is infinite, NaN or above :data:`MAX_COEFFICIENT_SUBPS` (a bandwidth
+            or peak FLOP/s near zero on a card), named by ``what``.
     """
+    if not exact_subps <= MAX_COEFFICIENT_SUBPS:
+        from servesim.errors import SettingError
+
+        raise SettingError(
+            f"roofline: the {what} is {exact_subps / SUBPS_PER_PS / 1e12:.3g} s with these step-time settings "
+            "(memory_bandwidth_bytes_per_s, peak_flops_per_s and the efficiencies of the hardware card or "
+            f"roofline); servesim's steps take at most {MAX_COEFFICIENT_SUBPS / SUBPS_PER_PS / 1e12:.3g} s"
+        )
     if exact_subps <= 0:
         return 0, 0.0
     value = max(1, round(exact_subps))
@@ -506,9 +523,12 @@ def build_step_time_model(
                 t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
             return t
 
-    kv, kv_err = subps_coefficient(model.kv_bytes_per_token_per_gpu(tp) / kv_bw * SUBPS_PER_S)
-    attn, attn_err = subps_coefficient(float(model.attention_flops_per_pair) / tp / eff_peak * SUBPS_PER_S)
-    request, request_err = subps_coefficient((per_request + sliding_per_request) * SUBPS_PER_S)
+    kv, kv_err = subps_coefficient(model.kv_bytes_per_token_per_gpu(tp) / kv_bw * SUBPS_PER_S,
+                                   "KV-cache read time per context token")
+    attn, attn_err = subps_coefficient(float(model.attention_flops_per_pair) / tp / eff_peak * SUBPS_PER_S,
+                                       "attention time per (query, key) pair")
+    request, request_err = subps_coefficient((per_request + sliding_per_request) * SUBPS_PER_S,
+                                             "time per scheduled request")
     return StepTimeModel(
         mode=mode,
         context_free_s=context_free_s,

@@ -387,6 +387,17 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
     ("model={name: x}", "model.max_model_len: required key is missing"),
     ("hardware={name: x, vendor: y, memory_bytes: .inf, memory_bandwidth_bytes_per_s: 3.0e+12, "
      "peak_flops_per_s: {bf16: 1.0e+15}}", "hardware.memory_bytes: Input should be a finite number (got inf)"),
+    # a bandwidth or peak FLOP/s near zero overflowed the integer coefficient (a traceback)
+    ("hardware={name: x, vendor: y, memory_bytes: 8.0e+10, memory_bandwidth_bytes_per_s: 1.0e-300, "
+     "peak_flops_per_s: {bf16: 1.0e+15}}",
+     "roofline: the KV-cache read time per context token is inf s with these step-time settings "
+     "(memory_bandwidth_bytes_per_s, peak_flops_per_s and the efficiencies of the hardware card or roofline); "
+     "servesim's steps take at most 70.4 s"),
+    ("hardware={name: x, vendor: y, memory_bytes: 8.0e+10, memory_bandwidth_bytes_per_s: 3.0e+12, "
+     "peak_flops_per_s: {bf16: 1.0e-300}}",
+     "roofline: the attention time per (query, key) pair is inf s with these step-time settings "
+     "(memory_bandwidth_bytes_per_s, peak_flops_per_s and the efficiencies of the hardware card or roofline); "
+     "servesim's steps take at most 70.4 s"),
 ])
 def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
     cfg, err = _refused_run(tmp_path, capsys, "--set", override)
