@@ -206,6 +206,13 @@ def test_seed_is_drawn_from_the_content_keyed_child_sequence(tmp_path):
         ({"grid": {"engine": [{}], "engine.max_num_seqs": [1]}}, "lies inside"),
         ({"columns": {"workload.concurrency": "batch_size"}}, "not a swept key"),
         ({"columns": {"engine.max_num_seqs": "seed"}}, "reserved"),
+        # a rename onto a metric column overwrote that metric in summary.csv
+        ({"columns": {"engine.max_num_seqs": "ttft_s.mean"}}, "would take the place of summary.csv's metric columns"),
+        ({"columns": {"engine.max_num_seqs": "output_throughput"}}, "metric columns (output_throughput...)"),
+        # a value listed twice ran the point twice (two rows with one point_id)
+        ({"grid": {"engine.max_num_seqs": [4, 8, 4]}}, "lists the value 4 twice"),
+        ({"zip": [{"engine.max_num_batched_tokens": [512, 512], "engine.block_size": [16, 16]}]},
+         "zip group 0 lists the values {'engine.max_num_batched_tokens': 512, 'engine.block_size': 16} twice"),
         ({"replications": 0}, "replications"),
         ({"grids": {}}, "unknown key"),
         ({"grid": {"engine..max_num_seqs": [1]}}, "invalid key"),
@@ -534,3 +541,20 @@ def test_real_simulate_pool_matches_serial(tmp_path):
     # the two replications of a point use different seeds, so their arrivals (and TTFTs) differ
     assert frame.groupby("point_id")["ttft_s.mean"].nunique().eq(2).all()
 
+
+
+def test_metric_names_cover_every_summary_key():
+    """summary.csv's metric columns start with a summary key: METRIC_NAMES, which swept columns may not
+    take, must list every key a run's summary can have (SLOs, speculation, prefix caching, a measurement
+    window, replicas and their router)."""
+    from servesim import simulate
+    from servesim.metrics.summary import METRIC_NAMES
+    from test_robustness_cli import SMALL
+
+    spec = {"method": "eagle", "num_speculative_tokens": 2}
+    cfg = {**SMALL, "slo": {"ttft_s": 0.5, "tpot_s": 0.05}, "speculative_config": spec,
+           "simulation": {"measure": {"after_s": 0.0}}, "deployment": {"replicas": 2}}
+    summary = simulate(cfg, seed=0).summary
+    for key in ("goodput", "spec_decode", "prefix_cache", "measurement_window", "replicas", "router"):
+        assert key in summary
+    assert set(summary) <= set(METRIC_NAMES), set(summary) - set(METRIC_NAMES)

@@ -59,6 +59,17 @@ def measurement_window(out: EngineOutput, measure) -> dict:
     }
 
 
+#: The top-level keys a run's summary may have (:func:`summarize`, and ``replicas`` and ``router`` for a
+#: deployment): the first part of every metric column of a sweep's summary.csv, so a swept key's column
+#: may not take one of these names (``servesim.sweep.spec``).
+METRIC_NAMES: tuple[str, ...] = (
+    "num_requests", "completed", "duration_s", "request_throughput", "output_throughput",
+    "total_token_throughput", "ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "preemptions",
+    "kv_cache_utilization", "batch_size", "saturated", "waiting_queue_slope_per_s", "goodput",
+    "slo_attainment", "spec_decode", "prefix_cache", "measurement_window", "replicas", "router",
+)
+
+
 def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
     """Summarise one engine run, following ``vllm bench serve``'s definitions.
 

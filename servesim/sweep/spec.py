@@ -22,6 +22,7 @@ Points are grid x zip groups x variants (see :mod:`servesim.sweep.points`); each
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +41,17 @@ RESERVED_COLUMNS = ("variant", "replication", "seed", "point_id")
 def _invalid(message: str) -> PydanticCustomError:
     # A validation error whose message pydantic shows as is (a ValueError would read "Value error, ...").
     return PydanticCustomError("sweep_file", "{detail}", {"detail": message})
+
+
+def _repeated(rows: list[list[Any]]) -> list[Any] | None:
+    """The first row of values that appears twice in ``rows`` (compared as canonical JSON), or None."""
+    seen: set[str] = set()
+    for row in rows:
+        text = json.dumps(row, sort_keys=True, default=str)
+        if text in seen:
+            return row
+        seen.add(text)
+    return None
 
 
 def _check_key(key: str) -> str:
@@ -85,6 +97,9 @@ class SweepConfig(InputModel):
             _check_key(key)
             if not values:
                 raise _invalid(f"grid key {key!r} has an empty list of values")
+            twice = _repeated([[value] for value in values])
+            if twice is not None:
+                raise _invalid(f"grid key {key!r} lists the value {twice[0]!r} twice (each point would run twice)")
         return grid
 
     @field_validator("zip")
@@ -100,6 +115,10 @@ class SweepConfig(InputModel):
                 raise _invalid(f"zip group {i}: lists must have equal lengths (got {lengths})")
             if 0 in lengths.values():
                 raise _invalid(f"zip group {i} has empty lists")
+            twice = _repeated([list(values) for values in zip(*group.values())])
+            if twice is not None:
+                raise _invalid(f"zip group {i} lists the values {dict(zip(group, twice))} twice (each point "
+                               "would run twice)")
         return groups
 
     @field_validator("variants")
@@ -135,9 +154,14 @@ class SweepConfig(InputModel):
                 raise _invalid(f"columns: {key!r} is not a swept key (swept: {keys})")
             if not name:
                 raise _invalid(f"columns: empty column name for {key!r}")
+        from servesim.metrics.summary import METRIC_NAMES
+
         for name in names:
             if name in RESERVED_COLUMNS:
                 raise _invalid(f"column {name!r} is reserved; rename the swept key with columns:")
+            if name.split(".")[0] in METRIC_NAMES:
+                raise _invalid(f"columns: {name!r} would take the place of summary.csv's metric columns "
+                               f"({name.split('.')[0]}...); choose another column name")
             if names.count(name) > 1:
                 raise _invalid(f"column name {name!r} is used twice")
         return self
