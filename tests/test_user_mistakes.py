@@ -538,3 +538,12 @@ def test_more_jobs_than_the_cpus_can_run_are_refused_before_forking(tmp_path, ca
     assert capsys.readouterr().err.splitlines()[-1] == (
         "servesim: error: --jobs: 100000 worker processes on 2 CPU(s); expected at most 8 (4 per CPU: more only "
         "slow the runs down and exhaust memory)")
+
+
+def test_a_synthetic_workload_without_arrivals_is_refused(tmp_path, capsys):
+    """A duration_s shorter than the first Poisson gap ran nothing and wrote empty results (exit 0)."""
+    workload = {**SMALL["workload"], "type": "poisson", "rate": 1.0, "num_requests": None, "duration_s": 0.001}
+    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "workload": workload})
+    assert err == (f"servesim: error: {cfg}: workload.duration_s: no request arrives in 0.001 s at 1 req/s (with "
+                   "this seed): lengthen duration_s or raise the rate\n")
+    assert not (tmp_path / "o" / "summary.json").exists()

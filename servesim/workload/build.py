@@ -65,6 +65,7 @@ def build_workload(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Path
 
     Raises:
         TraceError: a trace file (replayed or resampled) is missing or malformed, or a window is empty.
+        SettingError: no arrival within a synthetic workload's ``duration_s``.
     """
     if isinstance(cfg, MultiTurnWorkloadConfig):
         from servesim.workload.multi_turn import build_multi_turn  # imported when used (start-up time)
@@ -108,6 +109,11 @@ def _build_requests(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Pat
         head = f"gamma arrivals at {cfg.rate:g} req/s (gap cv {cfg.cv:g}), {_count(len(arrival_s), cfg.duration_s)}"
     else:  # pragma: no cover - the union is closed
         raise TypeError(f"not a workload config: {cfg!r}")
+    if not len(arrival_s):  # only a duration_s can leave no arrival: nothing would be simulated
+        from servesim.errors import SettingError
+
+        raise SettingError(f"workload.duration_s: no request arrives in {cfg.duration_s:g} s at {cfg.rate:g} req/s "
+                           "(with this seed): lengthen duration_s or raise the rate")
     prompt, output, lengths_text = _draw_lengths(cfg, len(arrival_s), prompt_rng, output_rng, base_dir)
     closed = isinstance(cfg, ClosedLoopWorkloadConfig)
     return Workload(
