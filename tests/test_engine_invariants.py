@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
+import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
@@ -135,6 +138,9 @@ def test_same_inputs_same_outputs():
     np.testing.assert_array_equal(a.steps.duration_s, b.steps.duration_s)
 
 
+LLAMA_8B_CARD = yaml.safe_load((Path(__file__).resolve().parents[1] / "hardware" / "models" / "llama-3.1-8b.yaml")
+                               .read_text(encoding="utf-8"))
+
 spec_configs = st.fixed_dictionaries(
     {
         "seed": st.integers(0, 2**31 - 1),
@@ -175,7 +181,8 @@ def spec_config(c: dict) -> dict:
         high = budget // 2
     return {
         "hardware": "h100-sxm",
-        "model": "llama-3.1-8b",
+        # MTP needs a target with MTP modules: Llama-3.1-8B's card with one declared
+        "model": {**LLAMA_8B_CARD, "num_nextn_predict_layers": 1} if c["method"] == "mtp" else "llama-3.1-8b",
         "seed": c["seed"],
         "engine": {"num_gpu_blocks_override": c["blocks"], "max_num_batched_tokens": budget,
                    "max_num_seqs": min(64, budget), "enable_chunked_prefill": c["chunked"],

@@ -59,15 +59,25 @@ def measurement_window(out: EngineOutput, measure) -> dict:
     }
 
 
-#: The top-level keys a run's summary may have (:func:`summarize`, and ``replicas`` and ``router`` for a
-#: deployment): the first part of every metric column of a sweep's summary.csv, so a swept key's column
-#: may not take one of these names (``servesim.sweep.spec``).
-METRIC_NAMES: tuple[str, ...] = (
+#: The top-level keys of a run's summary (:func:`summarize`; ``replicas`` and ``router`` for a deployment)
+#: whose values are numbers: each is a column of a sweep's summary.csv as it is named.
+SCALAR_METRICS: tuple[str, ...] = (
     "num_requests", "completed", "duration_s", "request_throughput", "output_throughput",
-    "total_token_throughput", "ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "preemptions",
-    "kv_cache_utilization", "batch_size", "saturated", "waiting_queue_slope_per_s", "goodput",
-    "slo_attainment", "spec_decode", "prefix_cache", "measurement_window", "replicas", "router",
+    "total_token_throughput", "preemptions", "saturated", "waiting_queue_slope_per_s", "goodput",
+    "slo_attainment",
 )
+#: The top-level keys whose values are groups (mappings, lists): their columns in summary.csv are
+#: ``key.part`` (``ttft_s.p99``, ``spec_decode.per_position_acceptance_rate.1``).
+GROUPED_METRICS: tuple[str, ...] = (
+    "ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_s", "kv_cache_utilization", "batch_size", "spec_decode",
+    "prefix_cache", "measurement_window", "replicas", "router",
+)
+
+
+def is_metric_column(name: str) -> bool:
+    """Whether ``name`` is (or could be) a metric column of a sweep's summary.csv: a scalar metric, or a
+    part of a grouped one (``ttft_s.mean``). A grouped metric's own name (``batch_size``) is not a column."""
+    return name in SCALAR_METRICS or name.split(".")[0] in GROUPED_METRICS and "." in name
 
 
 def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:

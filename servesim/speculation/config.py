@@ -268,17 +268,27 @@ class SpeculativeConfig(InputModel):
         )
 
     def check_target(self, model) -> None:
-        """vLLM's rule for MTP: above the target's number of MTP modules (``num_nextn_predict_layers``, vLLM's
-        ``n_predict``), ``num_speculative_tokens`` must be a multiple of it (the modules are reused in turn).
+        """vLLM's rules for MTP: the target must have MTP modules, and above their number
+        (``num_nextn_predict_layers``, vLLM's ``n_predict``) ``num_speculative_tokens`` must be a multiple of
+        it (the modules are reused in turn).
 
         Args:
-            model: the target's model card (its ``num_nextn_predict_layers``; 0 = none declared, no check).
+            model: the target's model card (its ``num_nextn_predict_layers``; an explicit card, which has no
+                architecture, is not checked).
 
         Raises:
-            ConfigError: ``speculative_config.num_speculative_tokens`` not divisible by the MTP module count.
+            ConfigError: ``mtp`` on a target without MTP modules (vLLM runs MTP only from a checkpoint's own
+                MTP layers), or ``speculative_config.num_speculative_tokens`` not divisible by their count.
         """
         n_predict = int(getattr(model, "num_nextn_predict_layers", 0) or 0)
         k = int(self.num_speculative_tokens)
+        if self.method == "mtp" and n_predict == 0 and not getattr(model, "is_explicit", False):
+            raise ConfigError(
+                f"speculative_config.method: mtp needs a target with MTP modules, and model "
+                f"{getattr(model, 'name', '?')} has none (num_nextn_predict_layers: 0 in its card): vLLM drafts "
+                "with the MTP layers of the target's own checkpoint; use eagle, eagle3, ngram or a draft model, or "
+                "a model card that declares num_nextn_predict_layers"
+            )
         if self.method == "mtp" and n_predict > 0 and k > n_predict and k % n_predict:
             raise ConfigError(
                 f"speculative_config.num_speculative_tokens: {k} must be divisible by n_predict={n_predict} "

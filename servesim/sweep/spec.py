@@ -154,14 +154,14 @@ class SweepConfig(InputModel):
                 raise _invalid(f"columns: {key!r} is not a swept key (swept: {keys})")
             if not name:
                 raise _invalid(f"columns: empty column name for {key!r}")
-        from servesim.metrics.summary import METRIC_NAMES
+        from servesim.metrics.summary import is_metric_column
 
         for name in names:
             if name in RESERVED_COLUMNS:
                 raise _invalid(f"column {name!r} is reserved; rename the swept key with columns:")
-            if name.split(".")[0] in METRIC_NAMES:
-                raise _invalid(f"columns: {name!r} would take the place of summary.csv's metric columns "
-                               f"({name.split('.')[0]}...); choose another column name")
+            if is_metric_column(name):
+                raise _invalid(f"columns: {name!r} would take the place of the metric column {name!r} of "
+                               "summary.csv; choose another column name")
             if names.count(name) > 1:
                 raise _invalid(f"column name {name!r} is used twice")
         return self
