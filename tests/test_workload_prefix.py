@@ -453,6 +453,8 @@ PS = r"test\.yaml: (poisson\.)?system_prompts\."
         (poisson_with_system_prompts(5, num_prompts=0), PS + "num_prompts: "),
         (poisson_with_system_prompts(5, popularity="zipf"), PS + "popularity: unknown key"),
         ({"type": "trace", "path": "x.csv", "hash_ids": True}, "hash_ids: only Mooncake traces"),
+        # a bucket policy on an Azure trace was accepted and did nothing
+        ({"type": "trace", "path": "x.csv", "bucket_policy": "burst"}, "bucket_policy: only Mooncake traces"),
         (poisson_with_system_prompts(5, prompt_lengths=[5, 6]), "exactly one of prompt_tokens"),
         ({**poisson_with_system_prompts(5), "system_prompts": {"prompt_tokens": FIXED}}, "num_prompts is required"),
         ({**poisson_with_system_prompts(5), "system_prompts": {"num_prompts": 3, "prompt_lengths": [5, 6]}},

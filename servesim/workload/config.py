@@ -78,6 +78,9 @@ class TraceWorkloadConfig(InputModel):
         azure = self.format == "azure" or (self.format == "auto" and self.path.lower().endswith(".csv"))
         if self.hash_ids and azure:
             raise ValueError("hash_ids: only Mooncake traces (.jsonl) carry hash_ids; Azure traces have none")
+        if "bucket_policy" in self.model_fields_set and azure:
+            raise ValueError("bucket_policy: only Mooncake traces (.jsonl) share timestamps between requests; "
+                             "Azure traces give each request its own")
         return self
 
 
