@@ -72,6 +72,28 @@ VLLM_BLOCK_SIZES = (1, 8, 16, 32, 64, 128)
 """``--block-size`` choices of vLLM's engine arguments."""
 
 
+def check_tensor_parallel(model, tensor_parallel_size: int, name: str = "tensor_parallel_size") -> None:
+    """vLLM's split of a model's heads over a tensor-parallel group: the attention heads must divide by TP
+    (``ModelConfig.verify_with_parallel_config``), and the KV heads and TP divide one another
+    (``QKVParallelLinear``: split, or replicated once the GPUs outnumber them; not for MLA).
+
+    Raises:
+        SettingError: a head count that does not split, naming ``name`` (the setting or option).
+    """
+    heads = getattr(model, "num_attention_heads", None)
+    tp = int(tensor_parallel_size)
+    if heads and heads % tp:
+        raise SettingError(
+            f"{name}: total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})"
+        )
+    kv_heads = getattr(model, "num_key_value_heads", None) if getattr(model, "attention", None) != "mla" else None
+    if kv_heads and (tp % kv_heads if tp >= kv_heads else kv_heads % tp):
+        raise SettingError(
+            f"{name}: the number of KV heads ({kv_heads}) and the tensor parallel size ({tp}) must divide one "
+            "another (vLLM splits the KV heads across the GPUs, or replicates them once the GPUs outnumber them)"
+        )
+
+
 def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_tokens: int) -> None:
     """Reject settings vLLM itself would reject, with vLLM-like messages.
 
@@ -83,20 +105,7 @@ def check_vllm_limits(cfg: SimConfig, model, max_num_seqs: int, max_num_batched_
     e = cfg.engine
     if e.block_size not in VLLM_BLOCK_SIZES:
         raise SettingError(f"engine.block_size: expected one of {list(VLLM_BLOCK_SIZES)} as in vLLM (got {e.block_size})")
-    heads = getattr(model, "num_attention_heads", None)
-    tp = cfg.tensor_parallel_size
-    if heads and heads % tp:
-        raise SettingError(
-            f"tensor_parallel_size: total number of attention heads ({heads}) must be divisible by tensor "
-            f"parallel size ({tp})"
-        )
-    kv_heads = getattr(model, "num_key_value_heads", None) if getattr(model, "attention", None) != "mla" else None
-    if kv_heads and (tp % kv_heads if tp >= kv_heads else kv_heads % tp):
-        raise SettingError(
-            f"tensor_parallel_size: the number of KV heads ({kv_heads}) and the tensor parallel size ({tp}) must "
-            "divide one another (vLLM splits the KV heads across the GPUs, or replicates them once the GPUs "
-            "outnumber them)"
-        )
+    check_tensor_parallel(model, cfg.tensor_parallel_size)
     if max_num_batched_tokens < max_num_seqs:
         raise SettingError(
             f"engine: max_num_batched_tokens ({max_num_batched_tokens}) must be greater than or equal to "

@@ -249,3 +249,20 @@ def test_measure_script_cpu_smoke(tmp_path):
         (1, 0, 16), (1, 8, 1), (1, 8, 16), (2, 8, 2)]
     env = json.loads(out.with_suffix(".env.json").read_text())
     assert env["points_measured"] == 4 and env["model_shape"]["num_hidden_layers"] == 2
+
+
+def test_cli_warns_of_a_poor_fit_and_refuses_an_unsplittable_tp(tmp_path, capsys):
+    """One outlier row drove R^2 below 0 without a word; --tp 3 (32 heads) wrote a card `run` would refuse."""
+    data = tmp_path / "d.csv"
+    data.write_text(SYNTHETIC.read_text() + "1,256,1,100\n")
+    assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(data), "--quiet"]) == 0
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: warning: R^2 = ") and "(below 0.9)" in err and err.count("\n") == 1
+    assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(SYNTHETIC),
+                 "--tp", "3", "--out", str(tmp_path / "c.yaml")]) == 2
+    assert capsys.readouterr().err == ("servesim: error: --tp: total number of attention heads (32) must be "
+                                       "divisible by tensor parallel size (3)\n")
+    assert not (tmp_path / "c.yaml").exists()
+    assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(SYNTHETIC),
+                 "--quiet"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -12,6 +12,7 @@ base card with the fitted fields and a comment block holding the fit quality. Us
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 __all__ = ["add_arguments", "run"]
@@ -28,12 +29,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="print only the summary, not the per-step table")
 
 
+#: Below this coefficient of determination ``servesim calibrate`` warns that the fit is poor (the card is
+#: still written: a user may want to inspect it).
+POOR_FIT_R_SQUARED = 0.9
+
+
 def run(args: argparse.Namespace) -> int:
     """Run ``servesim calibrate``; returns the exit status.
 
     Raises:
         ConfigError: bad card, unreadable or malformed data (one line naming the file and line), ``--tp < 1``,
-        or an unwritable output file.
+            or an unwritable output file.
+        SettingError: a ``--tp`` the model's heads do not split over (as ``servesim run`` refuses it).
     """
     from servesim.analysis.calibrate import (
         calibrated_card_yaml,
@@ -53,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
         check_output_file(args.out)  # before the fit: an unwritable --out fails at once
     hardware = load_hardware(args.hardware, source="--hardware")
     model = load_model(args.model, source="--model")
+    from servesim.wiring import check_tensor_parallel
+
+    check_tensor_parallel(model, args.tp, "--tp")  # as `servesim run` checks tensor_parallel_size
     points = []
     for path in args.data:
         points.extend(read_step_data(path))
@@ -63,6 +73,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print("\n".join(fit_table(fit)))
     print("\n".join(fit_summary(fit)))
+    if fit.r_squared < POOR_FIT_R_SQUARED:
+        print(f"servesim: warning: R^2 = {fit.r_squared:.3g} (below {POOR_FIT_R_SQUARED:g}): the step-time model "
+              "explains little of these measurements; check the data for outliers or mixed setups before using "
+              "the card", file=sys.stderr)
     if args.out is None:
         print(text, end="")
         return 0
