@@ -63,6 +63,8 @@ def test_heatmap_table_and_parse():
     for bad in ("x=rate,y=seqs", "x=rate,y=a,metric=", "rate,seqs"):
         with pytest.raises(ConfigError):
             parse_heatmap(bad)
+    with pytest.raises(ConfigError, match="x and y are the same column 'rate'"):  # was drawn against itself
+        parse_heatmap("x=rate,y=rate,metric=ttft_s.p99")
     table = heatmap_table(summary_frame(), "rate", "max_num_seqs", "ttft_s.p50", [])
     cell = table[(table["rate"] == 20) & (table["max_num_seqs"] == 32)].iloc[0]
     assert cell["mean"] == pytest.approx(0.01 * 20 + 0.001) and cell["n"] == 3
@@ -147,3 +149,20 @@ def test_per_position_acceptance_bars(tmp_path):
     drawn = pd.read_csv(tmp_path / "acceptance.csv")
     assert drawn["group"].tolist() == ["variant=eagle"] * 2 and drawn["position"].tolist() == [1, 2]
     assert drawn["acceptance_rate"].tolist() == pytest.approx([0.7, 0.3]) and drawn["runs"].tolist() == [2, 2]
+
+
+def test_plot_out_refuses_a_folder_of_other_results(tmp_path, capsys):
+    """--out naming a run's (or another sweep's) folder wrote the figures among its files."""
+    from servesim.cli import main
+
+    sweep = tmp_path / "sweep"
+    write_sweep_dir(sweep)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "summary.json").write_text("{}")
+    assert main(["plot", str(sweep), "--out", str(run_dir)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {run_dir} holds the results of `servesim run` "
+                                       "(summary.json); give `servesim plot` another folder, or remove them first\n")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["summary.json"]
+    assert main(["plot", str(sweep), "--out", str(sweep)]) == 0  # the sweep's own folder, named
+    assert main(["plot", str(sweep), "--out", str(tmp_path / "figures")]) == 0

@@ -190,7 +190,7 @@ def _run(module, args: argparse.Namespace) -> int:
     try:
         own = COMMAND_OUTPUTS.get(args.command, ())
         if own:
-            _check_no_other_results(args.command, out)
+            check_no_other_results(args.command, out)
         with _replacing_earlier_outputs(out, own):
             return int(module.run(args) or 0)
     except ServesimError as exc:
@@ -214,8 +214,9 @@ def _run(module, args: argparse.Namespace) -> int:
         return _interrupted(exc)
 
 
-def _check_no_other_results(command: str, out: object) -> None:
-    """Refuse an ``--out`` folder that holds another command's results (its ``OUTPUTS``).
+def check_no_other_results(command: str, out: object) -> None:
+    """Refuse an ``--out`` folder that holds another command's results (its ``OUTPUTS``; every command's
+    for ``plot``, whose figures go into a sweep's folder unless ``--out`` names another).
 
     Two commands writing into one folder would leave the first one's files (a run's ``summary.json``
     beside a sweep's ``summary.csv``) looking like results of the second; neither is removed for the

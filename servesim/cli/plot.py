@@ -95,6 +95,10 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"{args.dir / 'summary.csv'}: no finished runs to plot")
     for h in heatmaps:  # every check before the first figure is written
         heatmap_columns(summary, h["x"], h["y"], h["metric"])
+    if args.out is not None and Path(args.out).resolve() != Path(args.dir).resolve():
+        from servesim.cli import check_no_other_results
+
+        check_no_other_results("plot", args.out)  # a run's or another sweep's folder: its files would mix
     out = prepare_output_dir(out)
     # one curve per combination of the other swept columns (single-valued ones say nothing: skip them)
     group_cols = [c for c in columns if c != along and summary[c].nunique(dropna=False) > 1]

@@ -20,7 +20,7 @@ def parse_heatmap(text: str) -> dict[str, str]:
     """Parse ``x=KEY,y=KEY,metric=COL`` into ``{"x", "y", "metric"}``.
 
     Raises:
-        ConfigError: a missing or unknown part (one line).
+        ConfigError: a missing or unknown part, or x and y the same column (one line).
     """
     parts = {}
     for item in text.split(","):
@@ -30,6 +30,8 @@ def parse_heatmap(text: str) -> dict[str, str]:
         parts[key.strip()] = value.strip()
     if set(parts) != {"x", "y", "metric"}:
         raise ConfigError(f"--heatmap: expected exactly x=, y= and metric= (got {text!r})")
+    if parts["x"] == parts["y"]:
+        raise ConfigError(f"--heatmap: x and y are the same column {parts['x']!r} (expected two swept columns)")
     return parts
 
 
