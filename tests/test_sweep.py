@@ -314,6 +314,24 @@ def test_rerun_after_adding_points_runs_only_new_ones(tmp_path):
     assert new.iloc[1:].reset_index(drop=True).equals(old)
 
 
+def test_another_sweep_file_is_refused_in_a_sweeps_folder(tmp_path):
+    """A different sweep into a sweep's folder replaced its tables and left its runs in points/."""
+    sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 256]}}
+    out = tmp_path / "out"
+    run_sweep(write_sweep(tmp_path, sweep), out, progress=False, simulate=fake_simulate)
+    before = (out / "summary.csv").read_bytes()
+    other = write_sweep(tmp_path, {**sweep, "grid": {"engine.max_num_seqs": [32]}}, name="other.yaml")
+    with pytest.raises(ConfigError) as info:
+        run_sweep(other, out, progress=False, simulate=fake_simulate)
+    assert str(info.value) == (f"--out: {out} holds the runs of another sweep ({tmp_path / 'sweep.yaml'}); give "
+                               f"{other} another folder, or remove that one first")
+    assert (out / "summary.csv").read_bytes() == before
+    # the same file with a changed grid resumes in its folder
+    run_sweep(write_sweep(tmp_path, {**sweep, "grid": {"engine.max_num_seqs": [64, 128]}}), out, progress=False,
+              simulate=fake_simulate)
+    assert list(read_csv(out / "summary.csv")["engine.max_num_seqs"]) == [64, 128]
+
+
 def test_changed_base_config_reruns_stored_points(tmp_path):
     sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 256]}}
     out = tmp_path / "out"

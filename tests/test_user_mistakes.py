@@ -444,7 +444,7 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
 @pytest.mark.parametrize("override, message", [
     # OverflowError tracebacks (cannot convert float infinity to integer)
     ("roofline.step_overhead_s=1.0e+300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1e+300 s"),
-    ("roofline.compute_efficiency=1.0e-300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1.17e+299 s"),
+    ("roofline.compute_efficiency=1.0e-300", "roofline: the attention time per (query, key) pair is 5.3e+290 s"),
     # finite, but beyond what a step's duration in int64 units of 2^-16 ps holds (an OverflowError in the
     # step log at the first compaction)
     ("roofline.step_overhead_s=1000", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1e+03 s with "

@@ -152,6 +152,23 @@ def _load(sweep: str | Path | SweepConfig | LoadedSweep) -> LoadedSweep:
     return load_sweep(sweep)
 
 
+def _check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
+    """Refuse an output folder that holds another sweep's runs (its ``sweep.json`` names a sweep file of
+    another name): the new sweep would replace the tables and leave the other's runs in ``points/``. A
+    changed grid of the same sweep file resumes as usual (changed points run again).
+
+    Raises:
+        ConfigError: one line naming the folder and both sweeps.
+    """
+    try:
+        earlier = json.loads((out_dir / "sweep.json").read_text(encoding="utf-8")).get("source")
+    except (OSError, ValueError, AttributeError):
+        return  # no manifest (or not one servesim can read): nothing to protect
+    if isinstance(earlier, str) and Path(earlier).name != Path(sweep.source).name:
+        raise ConfigError(f"--out: {out_dir} holds the runs of another sweep ({earlier}); give {sweep.source} "
+                          "another folder, or remove that one first")
+
+
 def _write_manifest(out_dir: Path, sweep: LoadedSweep) -> None:
     """Write ``sweep.json``, the points streamed one per line (memory does not grow with the sweep)."""
     cfg = sweep.config
@@ -278,6 +295,7 @@ def run_sweep(
     if getattr(simulate, "__module__", "") == "servesim.api":
         _check_configs(loaded, show)  # a typo in a swept key fails here, once, before any run
     prepare_output_dir(out)  # before any run: an unwritable --out fails at once, in one line
+    _check_same_sweep(out, loaded)
     (out / "points").mkdir(parents=True, exist_ok=True)
     _write_manifest(out, loaded)
 
