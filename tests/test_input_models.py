@@ -89,7 +89,7 @@ def test_run_refuses_a_bool_for_a_number(tmp_path, capsys, override, key, expect
     if key is None:  # acceptance is read when the run is wired: its own message, still one line
         assert err.startswith("servesim: error: ") and err.count("\n") == 1 and "alpha" in err, err
         return
-    assert err == f"servesim: error: {cfg}: {key}: expected {expected}, got a boolean\n"
+    assert err == f"servesim: error: --set: {key}: expected {expected}, got a boolean\n"  # the value --set gave
 
 
 def test_numbers_stay_lax_otherwise(tmp_path):
@@ -169,7 +169,7 @@ def test_run_refuses_an_infinite_number(tmp_path, capsys, override, key):
     # each of these ended in a traceback (OverflowError: cannot convert float infinity to integer) or ran
     cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": SPEC})
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
-    assert capsys.readouterr().err == f"servesim: error: {cfg}: {key}: Input should be a finite number (got inf)\n"
+    assert capsys.readouterr().err == f"servesim: error: --set: {key}: Input should be a finite number (got inf)\n"
 
 
 def test_cards_refuse_an_infinite_number(tmp_path):

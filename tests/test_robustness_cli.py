@@ -266,7 +266,7 @@ def _sweep_dir(folder: Path, speedup: bool) -> Path:
 def test_plot_with_unknown_heatmap_metric_writes_nothing(tmp_path, capsys):
     sweep = _sweep_dir(tmp_path / "sweep", speedup=False)
     before = {p.name: p.read_bytes() for p in sweep.iterdir()}
-    assert main(["plot", str(sweep), "--heatmap", "x=rate,y=rate,metric=ttft_s.p42"]) == 2
+    assert main(["plot", str(sweep), "--heatmap", "x=rate,y=variant,metric=ttft_s.p42"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "metric='ttft_s.p42'" in err
     assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
@@ -287,11 +287,11 @@ def test_sweep_rerun_without_baseline_removes_speedup_csv(tmp_path):
 
     write_yaml(tmp_path / "c.yaml", SMALL)
     variants = {"plain": {}, "other": {"engine.max_num_seqs": 8}}
-    with_baseline = write_yaml(tmp_path / "a.yaml", {"base": "c.yaml", "variants": variants, "baseline": "plain"})
-    without = write_yaml(tmp_path / "b.yaml", {"base": "c.yaml", "variants": variants})
-    run_sweep(with_baseline, tmp_path / "out", progress=False)
+    sweep = write_yaml(tmp_path / "a.yaml", {"base": "c.yaml", "variants": variants, "baseline": "plain"})
+    run_sweep(sweep, tmp_path / "out", progress=False)
     assert (tmp_path / "out" / "speedup.csv").exists()
-    run_sweep(without, tmp_path / "out", progress=False)
+    write_yaml(tmp_path / "a.yaml", {"base": "c.yaml", "variants": variants})  # the same sweep, edited
+    run_sweep(sweep, tmp_path / "out", progress=False)
     assert not (tmp_path / "out" / "speedup.csv").exists()
 
 

@@ -37,6 +37,17 @@ BOUND = 1e-6
 EAGLE = {"method": "eagle", "num_speculative_tokens": 3, "acceptance": "eagle-llama3.1-8b-sharegpt-k3"}
 
 
+def _kv_bytes_per_gpu(model, tp: int) -> float:
+    """KV bytes per token on one GPU (vLLM get_num_kv_heads): max(1, H_kv // TP) of the H_kv heads; MLA's
+    latent whole; an explicit card's bytes split by TP."""
+    if model.is_explicit:
+        return float(model.kv_bytes_per_token) / tp
+    if model.attention == "mla":
+        return float(model.kv_bytes_per_token)
+    heads = model.num_key_value_heads
+    return float(model.kv_bytes_per_token) * max(1, heads // tp) / heads
+
+
 def exact_subps(hw, model, tp: int) -> dict[str, float]:
     """The coefficients' exact values (2^-16 ps) from the cards' fields (see servesim.roofline)."""
     bw = float(hw.memory_bandwidth_bytes_per_s)
@@ -44,7 +55,7 @@ def exact_subps(hw, model, tp: int) -> dict[str, float]:
     peak = float(hw.peak_flops_per_s[dtype if dtype in hw.peak_flops_per_s else "bf16"])
     scale = PS_PER_S * SUBPS_PER_PS
     return {
-        "kv": float(model.kv_bytes_per_token) / tp / (float(hw.attention_bandwidth_efficiency) * bw) * scale,
+        "kv": _kv_bytes_per_gpu(model, tp) / (float(hw.attention_bandwidth_efficiency) * bw) * scale,
         "attn": float(model.attention_flops_per_pair) / tp / (float(hw.compute_efficiency) * peak) * scale,
         "request": float(hw.per_request_s) * scale,
     }

@@ -133,7 +133,7 @@ def test_model_validator_error_names_a_key_not_a_union_tag(tmp_path, capsys, ove
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
     err = capsys.readouterr().err
     # not workload.prompt_tokens.uniform or workload.closed_loop: keys --set does not accept
-    assert err.startswith(f"servesim: error: {cfg}: {path}: ") and err.count("\n") == 1, err
+    assert err.startswith(f"servesim: error: --set: {path}: ") and err.count("\n") == 1, err
 
 
 def test_capacity_refuses_a_multi_turn_workload(tmp_path, capsys):
@@ -207,7 +207,7 @@ def test_a_workload_that_is_not_one_gets_a_plain_message(tmp_path, capsys, overr
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
     err = capsys.readouterr().err
-    assert err == f"servesim: error: {cfg}: {message}\n", err
+    assert err == f"servesim: error: --set: {message}\n", err
 
 
 def _refused_run(tmp_path, capsys, *args: str, config: dict = SMALL) -> tuple:
@@ -279,33 +279,34 @@ MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {typ
 
 @pytest.mark.parametrize("override, message", [
     # each of these was a traceback (ZeroDivisionError, ValueError: Maximum allowed dimension exceeded,
-    # OverflowError, MemoryError), a float cast to garbage, or a run that could not end
+    # OverflowError, MemoryError), a float cast to garbage, or a run that could not end (a value --set gave
+    # that fails validation names --set; one refused when the run is wired names the config's file)
     (f"workload={{type: gamma, rate: 5, cv: 1.0e-300, num_requests: 10, {FIXED5}}}",
-     "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
+     "--set: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
     (f"workload={{type: gamma, rate: 5, cv: 1.0e+100, duration_s: 10, {FIXED5}}}",
-     "{cfg}: workload.cv: Input should be less than or equal to 1000 (got 1e+100)"),
+     "--set: workload.cv: Input should be less than or equal to 1000 (got 1e+100)"),
     (MULTI_TURN + ", cv: 1.0e-300}",
-     "{cfg}: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
+     "--set: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
     (MULTI_TURN + ", think_time_cv: 1.0e-300}",
-     "{cfg}: workload: think_time_cv: expected 0 (fixed) or at least 1e-06 (got 1e-300)"),
+     "--set: workload: think_time_cv: expected 0 (fixed) or at least 1e-06 (got 1e-300)"),
     (f"workload={{type: poisson, rate: 1.0e+300, duration_s: 10, {FIXED5}}}",
-     "{cfg}: workload: rate x duration_s = 1e+301 requests expected; servesim simulates at most 2147483647 "
+     "--set: workload: rate x duration_s = 1e+301 requests expected; servesim simulates at most 2147483647 "
      "(lower the rate or duration_s)"),
     ("workload.num_requests=1000000000000",
-     "{cfg}: workload.num_requests: Input should be less than or equal to 2147483647 (got 1000000000000)"),
+     "--set: workload.num_requests: Input should be less than or equal to 2147483647 (got 1000000000000)"),
     (f"workload={{type: closed_loop, concurrency: 2000000000, requests_per_client: 5, {FIXED5}}}",
-     "{cfg}: workload: concurrency x requests_per_client = 10000000000 requests; servesim simulates at most "
+     "--set: workload: concurrency x requests_per_client = 10000000000 requests; servesim simulates at most "
      "2147483647"),
     (f"workload={{type: closed_loop, concurrency: 2, think_time_s: 1.0e+300, num_requests: 5, {FIXED5}}}",
      "{cfg}: workload.think_time_s: expected at most 2.31e+06 s (~26 days), the longest span of arrivals servesim "
      "simulates (got 1e+300)"),
     ("workload.prompt_tokens={type: fixed, value: 99999999999999999999999}",
-     "{cfg}: workload.prompt_tokens.value: Input should be less than or equal to 2147483647 "
+     "--set: workload.prompt_tokens.value: Input should be less than or equal to 2147483647 "
      "(got 99999999999999999999999)"),
     ("workload.prompt_tokens={type: lognormal, mean: 1.0e+300, cv: 1}",
-     "{cfg}: workload.prompt_tokens.mean: Input should be less than or equal to 2147483647 (got 1e+300)"),
+     "--set: workload.prompt_tokens.mean: Input should be less than or equal to 2147483647 (got 1e+300)"),
     ("workload.system_prompts={prompt_lengths: [99999999999999999999999]}",
-     "{cfg}: workload.system_prompts.prompt_lengths.0: Input should be less than or equal to 2147483647 "
+     "--set: workload.system_prompts.prompt_lengths.0: Input should be less than or equal to 2147483647 "
      "(got 99999999999999999999999)"),
 ])
 def test_extreme_workload_numbers_get_one_line(tmp_path, capsys, override, message):
@@ -383,10 +384,6 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
      "tensor_parallel_size: total number of attention heads (32) must be divisible by tensor parallel size (3)"),
     ("engine.max_num_batched_tokens=8",
      "engine: max_num_batched_tokens (8) must be greater than or equal to max_num_seqs (1024)"),
-    # an inline card's errors were named 'inline model card'
-    ("model={name: x}", "model.max_model_len: required key is missing"),
-    ("hardware={name: x, vendor: y, memory_bytes: .inf, memory_bandwidth_bytes_per_s: 3.0e+12, "
-     "peak_flops_per_s: {bf16: 1.0e+15}}", "hardware.memory_bytes: Input should be a finite number (got inf)"),
     # a bandwidth or peak FLOP/s near zero overflowed the integer coefficient (a traceback)
     ("hardware={name: x, vendor: y, memory_bytes: 8.0e+10, memory_bandwidth_bytes_per_s: 1.0e-300, "
      "peak_flops_per_s: {bf16: 1.0e+15}}",
@@ -402,6 +399,36 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
 def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
     cfg, err = _refused_run(tmp_path, capsys, "--set", override)
     assert err == f"servesim: error: {cfg}: {message}\n"
+
+
+@pytest.mark.parametrize("override, message", [
+    # an inline card's errors were named 'inline model card'; given by --set, they name --set
+    ("model={name: x}", "model.max_model_len: required key is missing"),
+    ("hardware={name: x, vendor: y, memory_bytes: .inf, memory_bandwidth_bytes_per_s: 3.0e+12, "
+     "peak_flops_per_s: {bf16: 1.0e+15}}", "hardware.memory_bytes: Input should be a finite number (got inf)"),
+])
+def test_inline_cards_given_by_set_name_the_option_and_the_key(tmp_path, capsys, override, message):
+    _, err = _refused_run(tmp_path, capsys, "--set", override)
+    assert err == f"servesim: error: --set: {message}\n"
+
+
+@pytest.mark.parametrize("override, message", [
+    ("engine.max_num_seqs=abc",
+     "--set: engine.max_num_seqs: Input should be a valid integer, unable to parse string as an integer (got 'abc')"),
+    ("engine.max_num_seq=5", "--set: engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
+    ("engine.max_num_seqs.x=1", "--set: engine.max_num_seqs: Input should be a valid integer"),  # made it a mapping
+])
+def test_a_bad_value_given_by_set_names_set_not_the_file(tmp_path, capsys, override, message):
+    """A --set mistake was reported as the config file's ('c.yaml: engine.max_num_seqs: ...')."""
+    _, err = _refused_run(tmp_path, capsys, "--set", override)
+    assert err == f"servesim: error: {message}\n"
+
+
+def test_a_mistake_in_the_file_still_names_the_file_beside_a_set(tmp_path, capsys):
+    cfg, err = _refused_run(tmp_path, capsys, "--set", "engine.max_num_seqs=8",
+                            config={**SMALL, "engine": {"max_num_batched_tokenz": 64}})
+    assert err == (f"servesim: error: {cfg}: engine.max_num_batched_tokenz: unknown key (did you mean "
+                   "max_num_batched_tokens?)\n")
 
 
 def test_a_setting_of_a_config_built_in_python_is_named_by_its_key():

@@ -57,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slos
     from servesim.atomic import prepare_output_dir, replacing_outputs
-    from servesim.cli.run import parse_overrides
+    from servesim.cli.run import parse_overrides, set_keys
     from servesim.config.models import load_config
     from servesim.errors import ConfigError
     from servesim.sweep.tables import write_csv
@@ -67,12 +67,12 @@ def run(args: argparse.Namespace) -> int:
     if args.max_requests is not None:
         if args.max_requests < 1:
             raise ConfigError(f"--max-requests: expected >= 1 (got {args.max_requests})")
-        cfg0, _ = load_config(args.config, overrides)
+        cfg0, _ = load_config(args.config, overrides, set_keys=set_keys(args.overrides))
         key = "workload.max_requests" if cfg0.workload.type == "trace" else "workload.num_requests"
         overrides.append((key, args.max_requests))
         if cfg0.workload.type in ("poisson", "gamma"):
             overrides.append(("workload.duration_s", None))
-    cfg, folder = load_config(args.config, overrides)
+    cfg, folder = load_config(args.config, overrides, set_keys=set_keys(args.overrides))
     out = prepare_output_dir(args.out)  # before the search: an unwritable --out fails at once
 
     def progress(ev) -> None:

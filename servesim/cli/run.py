@@ -108,6 +108,11 @@ def parse_overrides(
     return overrides
 
 
+def set_keys(assignments: list[str]) -> list[str]:
+    """The dotted keys of ``--set KEY=VALUE`` assignments (already checked by :func:`parse_overrides`)."""
+    return [text.split("=", 1)[0].strip() for text in assignments]
+
+
 def speculative_option(assignments: list[str], speculative_json: str | None,
                        llama_cpp_flags: str | None = None) -> str | None:
     """The option (``--speculative-config`` or ``--llama-cpp-spec``) that gives the run's whole
@@ -165,7 +170,8 @@ def run(args: argparse.Namespace) -> int:
     gc.freeze()
     # (a mistake in the config removes an earlier run's outputs from an existing --out: servesim.cli._run)
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
-                                                          getattr(args, "llama_cpp_spec", None)))
+                                                          getattr(args, "llama_cpp_spec", None)),
+                              set_keys=set_keys(args.overrides))
     out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
     # a failure or Ctrl-C while simulating or writing leaves none of the outputs (no partial set), also in a
     # folder this run created

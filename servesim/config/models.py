@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
+from servesim.errors import ConfigError
 from servesim.input_models import InputModel
 from servesim.workload.config import WorkloadConfig
 
@@ -247,7 +248,8 @@ class SimConfig(_Strict):
 
 
 def load_config(
-    path: str | Path, overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None
+    path: str | Path, overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
+    set_keys: Iterable[str] = (),
 ) -> tuple[SimConfig, Path]:
     """Read and validate a run config file.
 
@@ -255,6 +257,8 @@ def load_config(
         path: the YAML file.
         overrides: dotted keys to set before validation, in order: a mapping
             (``{"engine.max_num_seqs": 64}``) or ``(key, value)`` pairs, as ``servesim run --set`` gives.
+        set_keys: the keys among ``overrides`` that ``--set`` gave: a field that fails validation at (or
+            inside, or above) one of them is named ``--set``, not the file (the mistake is not in it).
 
     Returns:
         (config, folder of the file): relative paths inside the config resolve against that folder.
@@ -268,18 +272,34 @@ def load_config(
     p = Path(path)
     data = load_yaml(p)
     if data is not None and not isinstance(data, dict):
-        from servesim.errors import ConfigError
-
         raise ConfigError(f"{p}: expected a mapping of config keys at the top level")
     if data and "base" in data and "hardware" not in data and {"grid", "zip", "variants"} & set(data):
-        from servesim.errors import ConfigError
-
         raise ConfigError(f"{p}: a sweep file (base, grid/zip/variants), not a run config: give it to "
                           "`servesim sweep`, or give this command its base run config")
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
         data = set_dotted(data or {}, key, value, source="--set")  # a key that cannot be set is the option's
-    return validate_config(data, str(p)), p.resolve().parent
+    try:
+        return validate_config(data, str(p)), p.resolve().parent
+    except ConfigError as exc:
+        raise _named_by_set(exc, str(p), list(set_keys)) from None
+
+
+def _named_by_set(exc: Exception, source: str, set_keys: list[str]) -> Exception:
+    """``exc`` (``source: field: message``) as ``--set: field: message`` when ``field`` is a key ``--set``
+    gave, lies inside one, or holds one (``--set engine.max_num_seqs.x=1`` made ``engine.max_num_seqs`` a
+    mapping); else ``exc`` unchanged."""
+    text, prefix = str(exc), f"{source}: "
+    if not set_keys or not text.startswith(prefix):
+        return exc
+    rest = text[len(prefix):]
+    field = rest.split(": ", 1)[0]
+    if " " in field or ":" in field:  # no field named: an error of the whole config
+        return exc
+    for key in set_keys:
+        if field == key or field.startswith(key + ".") or key.startswith(field + "."):
+            return ConfigError(f"--set: {rest}")
+    return exc
 
 
 def validate_config(data: Any, source: str) -> SimConfig:
