@@ -207,6 +207,8 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         num_gpu_blocks_override=e.num_gpu_blocks_override,
         extra_weight_bytes_per_gpu=drafter.weight_bytes_per_gpu if drafter else 0.0,
         extra_kv_bytes_per_token_per_gpu=drafter.kv_bytes_per_token_per_gpu if drafter else 0.0,
+        extra_name=(f"the draft model {spec.model}" if spec is not None and spec.method == "draft_model"
+                    else "the drafter"),
     )
     longest = step_time.context_free_s(budget, min(seqs, budget))
     if longest <= MAX_STEP_S:  # the context terms of the longest step too: every block of the cache attended

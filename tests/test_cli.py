@@ -119,6 +119,20 @@ def test_unknown_card_and_model_that_does_not_fit(tmp_path, capsys):
     assert "does not fit" in err and err.startswith(f"servesim: error: {cfg}: tensor_parallel_size: ")
 
 
+def test_a_draft_model_that_does_not_fit_is_named_and_huge_sizes_stay_short(tmp_path, capsys):
+    """The 70B draft model's 141 GB were counted as the 8B target's own weights, and a huge token budget
+    printed its reserve with 21 digits."""
+    spec = {"method": "draft_model", "model": "llama-3.1-70b", "num_speculative_tokens": 2,
+            "acceptance": {"alpha": 0.5}}
+    cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, speculative_config=spec))
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert ("Llama-3.1-8B does not fit on 1 x H100 SXM: per GPU, its weights 16.1 GB + the draft model "
+            "llama-3.1-70b's weights 141.1 GB + the activation reserve ") in err
+    cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, engine={"max_num_batched_tokens": 10**14}))
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
+    assert "the activation reserve 9.01e+09 GB (at max_num_batched_tokens=100000000000000)" in err
+
+
 def test_bad_set_assignment(tmp_path, capsys):
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
     err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o"), "--set", "engine.max_num_seqs"])

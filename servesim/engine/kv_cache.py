@@ -47,11 +47,13 @@ def kv_cache_blocks(
     num_gpu_blocks_override: int | None = None,
     extra_weight_bytes_per_gpu: float = 0.0,
     extra_kv_bytes_per_token_per_gpu: float = 0.0,
+    extra_name: str = "the drafter",
 ) -> int:
     """KV-cache capacity of one replica (blocks of ``block_size`` tokens).
 
-    ``extra_*`` account for a speculative drafter: its weights, and its KV cache, which vLLM keeps in the
-    same block pool (a block then holds both models' KV for its ``block_size`` tokens).
+    ``extra_*`` account for a speculative drafter (named ``extra_name`` in the error): its weights, and its
+    KV cache, which vLLM keeps in the same block pool (a block then holds both models' KV for its
+    ``block_size`` tokens).
 
     Raises:
         SettingError: the weights and activations leave no room for a single block.
@@ -65,15 +67,25 @@ def kv_cache_blocks(
         else activation_reserve_bytes(model, tp, max_num_batched_tokens, max_num_seqs)
     )
     usable = gpu_memory_utilization * float(hardware.memory_bytes)
-    weights = float(model.weight_bytes) / tp + extra_weight_bytes_per_gpu
+    target_weights = float(model.weight_bytes) / tp
+    weights = target_weights + extra_weight_bytes_per_gpu
     free = usable - weights - reserve
     per_block = (model.kv_bytes_per_token_per_gpu(tp) + extra_kv_bytes_per_token_per_gpu) * block_size
     blocks = int(free // per_block) if per_block > 0 else 0
     if blocks < 1:
+        drafter = (f" + {extra_name}'s weights {_gigabytes(extra_weight_bytes_per_gpu)}"
+                   if extra_weight_bytes_per_gpu > 0 else "")
         raise SettingError(
-            f"tensor_parallel_size: {model.name} does not fit on {tensor_parallel_size} x {hardware.name}: weights "
-            f"{weights / 1e9:.1f} GB + activation reserve {reserve / 1e9:.1f} GB per GPU exceed "
-            f"{gpu_memory_utilization:g} x {float(hardware.memory_bytes) / 1e9:.0f} GB "
-            "(raise tensor_parallel_size or gpu_memory_utilization)"
+            f"tensor_parallel_size: {model.name} does not fit on {tensor_parallel_size} x {hardware.name}: per GPU, "
+            f"its weights {_gigabytes(target_weights)}{drafter} + the activation reserve {_gigabytes(reserve)} "
+            f"(at max_num_batched_tokens={max_num_batched_tokens}) leave no KV-cache block in "
+            f"gpu_memory_utilization {gpu_memory_utilization:g} x {_gigabytes(float(hardware.memory_bytes))} "
+            "(raise tensor_parallel_size or engine.gpu_memory_utilization, or lower engine.max_num_batched_tokens)"
         )
     return blocks
+
+
+def _gigabytes(num_bytes: float) -> str:
+    """``num_bytes`` in GB for a message: one decimal, or three significant digits beyond a million GB."""
+    gb = num_bytes / 1e9
+    return f"{gb:.1f} GB" if abs(gb) < 1e6 else f"{gb:.3g} GB"
