@@ -1,7 +1,9 @@
 """The base of every pydantic model that servesim validates user input with.
 
 Numbers must be finite (``allow_inf_nan=False``: ``.nan`` or ``.inf`` for a time, a rate or a size is a
-mistake that would otherwise end in a traceback or a run without end), and must not be booleans.
+mistake that would otherwise end in a traceback or a run without end), and must not be booleans; a
+boolean must be ``true`` or ``false`` (pydantic's lax ``0``, ``1``, ``"off"``, ``"yes"`` are refused); a
+whole number in exponent form (``num_requests: 1e4``, which YAML 1.1 reads as a string) is an integer.
 
 pydantic's lax mode turns a boolean into a number (``True`` -> ``1``, ``1.0``), so a YAML ``true``, ``yes``
 or ``on`` (or ``--set engine.max_num_seqs=true``) where an integer or a float is expected would run
@@ -18,6 +20,7 @@ gets a before-validator in front of every ``int`` and ``float`` schema in it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, GetCoreSchemaHandler
@@ -30,9 +33,18 @@ BOOL_FOR_NUMBER_ERRORS = ("bool_for_int", "bool_for_float")
 _NOT_VALIDATION = frozenset({"metadata", "serialization", "default", "expected"})
 
 
+#: A number written with an exponent (``1e4``, ``2.5E+3``): YAML 1.1, which PyYAML reads, takes ``1e4`` (no
+#: dot) for a string, and pydantic's integer parsing refuses it.
+_EXPONENT_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d+")
+
+
 def _refuse_bool_for_int(value: Any) -> Any:
     if value.__class__ is bool:
         raise PydanticCustomError("bool_for_int", "expected an integer, got a boolean")
+    if value.__class__ is str and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        number = float(value)  # a whole number in exponent form (num_requests: 1e4) is that integer
+        if number.is_integer():
+            return int(number)
     return value
 
 
@@ -42,7 +54,13 @@ def _refuse_bool_for_float(value: Any) -> Any:
     return value
 
 
-_GUARDS = {"int": _refuse_bool_for_int, "float": _refuse_bool_for_float}
+def _refuse_other_for_bool(value: Any) -> Any:
+    if value.__class__ is not bool:
+        raise PydanticCustomError("other_for_bool", "expected true or false")
+    return value
+
+
+_GUARDS = {"int": _refuse_bool_for_int, "float": _refuse_bool_for_float, "bool": _refuse_other_for_bool}
 _GUARD_FUNCTIONS = frozenset(_GUARDS.values())
 
 
@@ -68,7 +86,8 @@ def refuse_bools_for_numbers(schema: Any) -> Any:
 
 
 class InputModel(BaseModel):
-    """``pydantic.BaseModel`` whose numbers are finite and whose integer and float fields refuse booleans.
+    """``pydantic.BaseModel`` whose numbers are finite, whose integer and float fields refuse booleans and
+    whose boolean fields take only booleans.
 
     Subclasses set their own ``model_config`` (``extra="forbid"``, ``defer_build`` ...); pydantic merges it
     with this one.

@@ -178,3 +178,30 @@ def test_cards_refuse_an_infinite_number(tmp_path):
     path = write_yaml(tmp_path / "gpu.yaml", {**_card("gpus/h100-sxm.yaml"), "step_overhead_s": float("inf")})
     with pytest.raises(ConfigError, match=r"gpu\.yaml: step_overhead_s: Input should be a finite number \(got inf\)$"):
         load_hardware(str(path))
+
+
+@pytest.mark.parametrize("override, message", [
+    ("engine.enable_prefix_caching=0", "engine.enable_prefix_caching: expected true or false (got 0)"),
+    ('engine.enable_prefix_caching="off"', "engine.enable_prefix_caching: expected true or false (got 'off')"),
+    ("engine.async_scheduling=1", "engine.async_scheduling: expected true or false (got 1)"),
+])
+def test_run_refuses_a_number_or_string_for_a_boolean(tmp_path, capsys, override, message):
+    """pydantic's lax booleans read 0, 1 and "off" as false/true: as silent as true for a number."""
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
+    assert capsys.readouterr().err == f"servesim: error: --set: {message}\n"
+
+
+def test_whole_numbers_in_exponent_form_are_integers(tmp_path):
+    """YAML 1.1 reads 1e2 (no dot) as a string, which an integer field refused; 1.5e1 is 15, 1.5 stays refused."""
+    from servesim.config.models import load_config
+
+    body = {**SMALL, "workload": {**SMALL["workload"], "num_requests": "1e2"}}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(body).replace("'1e2'", "1e2"), encoding="utf-8")
+    assert "num_requests: 1e2" in (tmp_path / "c.yaml").read_text()
+    cfg, _ = load_config(tmp_path / "c.yaml")
+    assert cfg.workload.num_requests == 100 and type(cfg.workload.num_requests) is int
+    cfg, _ = load_config(tmp_path / "c.yaml", [("workload.num_requests", "1.5e1")])
+    assert cfg.workload.num_requests == 15
+    with pytest.raises(ConfigError, match="num_requests"):
+        load_config(tmp_path / "c.yaml", [("workload.num_requests", "1.5")])
