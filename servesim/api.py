@@ -56,7 +56,10 @@ def _as_config(config: Any, base_dir: str | Path | None) -> tuple[SimConfig, Pat
     if isinstance(config, (str, Path)):
         cfg, folder = load_config(config)
         return cfg, Path(base_dir).resolve() if base_dir else folder
-    return validate(SimConfig, config, "config"), Path(base_dir or ".").resolve()
+    from servesim.config.models import inline_workload_file
+
+    folder = Path(base_dir or ".").resolve()
+    return validate(SimConfig, inline_workload_file(config, folder, "config"), "config"), folder
 
 
 def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, base_dir: str | Path | None = None) -> Result:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -559,3 +560,31 @@ def test_lognormal_runtime_mean_closed_form():
     # unclipped above, min 1 is ~9 sd below: mean = exp(mu + sigma^2/2)
     d = LognormalLength(mu=math.log(100), sigma=0.5)
     assert d.mean() == pytest.approx(100 * math.exp(0.125), rel=1e-9)
+
+
+def test_a_run_config_names_a_workload_file_whose_paths_are_its_own(tmp_path):
+    """``workload: FILE`` (the shipped workloads/*.yaml) was refused ('expected a mapping'): the file's mapping
+    is used, its paths relative to its own folder; --set refines it; sweeps and the Python API take it too."""
+    from servesim import simulate
+    from servesim.config.models import load_config
+    from servesim.errors import ConfigError
+    from servesim.sweep.spec import SweepConfig, resolve_sweep
+
+    (tmp_path / "wl").mkdir()
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "wl" / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                                           "2023-11-16 18:15:46.0000000,100,5\n2023-11-16 18:15:47.0000000,50,3\n")
+    (tmp_path / "wl" / "w.yaml").write_text("type: trace\npath: t.csv\n")
+    run = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": "../wl/w.yaml"}
+    (tmp_path / "cfg" / "c.yaml").write_text(yaml.safe_dump(run))
+    cfg, _ = load_config(tmp_path / "cfg" / "c.yaml", [("workload.rate_scale", 2.0)])
+    assert cfg.workload.path == str((tmp_path / "wl" / "t.csv").resolve()) and cfg.workload.rate_scale == 2.0
+    result = simulate(tmp_path / "cfg" / "c.yaml")
+    assert list(result.requests["prompt_tokens"]) == [100, 50]
+    assert list(simulate(run, base_dir=tmp_path / "cfg").requests["arrival_s"]) == [0.0, 1.0]
+    sweep = resolve_sweep(SweepConfig.model_validate({"base": "cfg/c.yaml", "grid": {"engine.max_num_seqs": [8]}}), tmp_path, "s")
+    assert sweep.base["workload"] == {"type": "trace", "path": str((tmp_path / "wl" / "t.csv").resolve())}
+    (tmp_path / "cfg" / "c.yaml").write_text(yaml.safe_dump({**run, "workload": "none.yaml"}))
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "cfg" / "c.yaml")
+    assert str(info.value) == f"{tmp_path / 'cfg' / 'c.yaml'}: workload: {tmp_path / 'cfg' / 'none.yaml'}: file not found"

@@ -276,6 +276,7 @@ def load_config(
     if data and "base" in data and "hardware" not in data and {"grid", "zip", "variants"} & set(data):
         raise ConfigError(f"{p}: a sweep file (base, grid/zip/variants), not a run config: give it to "
                           "`servesim sweep`, or give this command its base run config")
+    data = inline_workload_file(data, p.resolve().parent, str(p))
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
         data = set_dotted(data or {}, key, value, source="--set")  # a key that cannot be set is the option's
@@ -283,6 +284,43 @@ def load_config(
         return validate_config(data, str(p)), p.resolve().parent
     except ConfigError as exc:
         raise _named_by_set(exc, str(p), list(set_keys)) from None
+
+
+def inline_workload_file(data: Any, folder: Path, source: str) -> Any:
+    """A run config's mapping with ``workload: FILE`` (a workload file such as ``workloads/poisson-chat.yaml``)
+    replaced by that file's mapping, its relative ``path`` keys made absolute against the workload file's own
+    folder (paths inside a workload are relative to the file that holds them). Other configs unchanged.
+
+    Args:
+        data: the run config's mapping (or anything else, returned as it is).
+        folder: the folder the workload file's path resolves against (the run config's).
+        source: the run config, named in messages.
+
+    Raises:
+        ConfigError: the workload file cannot be read, is invalid YAML, or is not a mapping.
+    """
+    if not isinstance(data, dict) or not isinstance(data.get("workload"), str):
+        return data
+    from servesim.input_files import load_yaml
+    from servesim.workload.lengths import resolve_path
+
+    path = resolve_path(data["workload"], folder).resolve()
+    try:
+        workload = load_yaml(path)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: workload: {exc}") from None
+    if not isinstance(workload, dict):
+        raise ConfigError(f"{source}: workload: {path} is not a workload (expected a mapping of workload keys)")
+
+    def absolute(node: Any) -> Any:
+        if isinstance(node, dict):
+            return {key: (str(resolve_path(value, path.parent)) if key == "path" and isinstance(value, str)
+                          else absolute(value)) for key, value in node.items()}
+        if isinstance(node, list):
+            return [absolute(item) for item in node]
+        return node
+
+    return {**data, "workload": absolute(workload)}
 
 
 def _named_by_set(exc: Exception, source: str, set_keys: list[str]) -> Exception:

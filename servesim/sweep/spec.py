@@ -200,16 +200,20 @@ def resolve_sweep(config: SweepConfig, folder: str | Path, source: str) -> Loade
     """Read the base run config of ``config``, relative paths resolving against ``folder``.
 
     Raises:
-        ConfigError: the base file is missing or invalid YAML, or is not a mapping.
+        ConfigError: the base file (or a workload file it names) is missing or invalid YAML, or is not a
+            mapping.
     """
+    from servesim.config.models import inline_workload_file
+
     folder = Path(folder).resolve()
     if isinstance(config.base, str):
         base_path = (folder / config.base).resolve()
         base = load_yaml(base_path)
         if not isinstance(base, dict):
             raise ConfigError(f"{base_path}: expected a mapping of run settings (base of {source})")
-        return LoadedSweep(config, base, base_path.parent, source)
-    return LoadedSweep(config, dict(config.base), folder, source)
+        return LoadedSweep(config, inline_workload_file(base, base_path.parent, str(base_path)), base_path.parent,
+                           source)
+    return LoadedSweep(config, inline_workload_file(dict(config.base), folder, source), folder, source)
 
 
 def load_sweep(path: str | Path) -> LoadedSweep:
