@@ -24,7 +24,9 @@ EXAMPLE_10_SERVER = "--spec-type draft-simple -md tiny-random-qwen2vocab-f32.ggu
 
 
 def test_defaults_are_the_lessons():
-    assert parse_llamacpp_flags("") is None  # --spec-type defaults to none
+    assert parse_llamacpp_flags("--spec-draft-n-max 4") is None  # --spec-type defaults to none
+    with pytest.raises(ConfigError, match="--llama-cpp-spec: no flags given"):  # "$FLAGS" unset: not silently none
+        parse_llamacpp_flags("")
     assert parse_llamacpp_flags("--spec-type none --spec-draft-n-max 4") is None
     spec = parse_llamacpp_flags("--spec-type draft-simple -md qwen3-0.6b")
     assert spec["num_speculative_tokens"] == 3  # --spec-draft-n-max default

@@ -134,11 +134,14 @@ def parse_llamacpp_flags(flags: str | Sequence[str], source: str = "--llama-cpp-
         ``--set speculative_config.KEY=...`` may complete it), or ``None`` for ``--spec-type none``.
 
     Raises:
-        ConfigError: an unknown flag (named), a missing or malformed value, an unknown ``--spec-type``, a
+        ConfigError: no flags, an unknown flag (named), a missing or malformed value, an unknown ``--spec-type``, a
             type servesim cannot simulate, ``draft-simple`` without a draft model, a GGUF draft without
             ``--spec-model-card`` (one line each).
     """
     f = _split(flags, source)
+    if not f:  # as an empty --set value: usually a shell variable that was not set
+        raise ConfigError(f"{source}: no flags given (expected llama.cpp's speculative flags such as "
+                          "--spec-type ngram-simple; write --spec-type none for no speculation)")
     spec_type = f.get("spec_type", ("--spec-type", DEFAULT_SPEC_TYPE))[1]
     if spec_type not in SPEC_TYPES:
         raise ConfigError(f"{source}: --spec-type: unknown type {spec_type!r} (expected one of: {', '.join(SPEC_TYPES)})")
