@@ -544,3 +544,16 @@ def test_run_without_steps_summarises_and_plots(tmp_path):
     write_outputs(out, s, tmp_path)
     assert (tmp_path / "steps.csv").read_text() == ",".join(STEP_COLUMNS) + "\n"
     assert plot_latency(out, s, tmp_path).exists()
+
+
+def test_exact_sum_of_int64_values_beyond_int64_sums_is_exact():
+    """KV block-picosecond integrals overflow an int64 sum at 10^6 requests: the sum by 32-bit halves
+    equals Python's exact sum, negative values included."""
+    from servesim.metrics.steps import _exact_sum
+
+    rng = np.random.default_rng(np.random.SeedSequence(7))
+    values = rng.integers(-(2**62), 2**62, 100_000, dtype=np.int64)
+    values[:10] = [2**63 - 1, -(2**63), 0, 1, -1, 2**32, -(2**32), 2**32 - 1, 2**62, 3]
+    assert _exact_sum(values) == sum(int(v) for v in values.tolist())
+    small = rng.integers(0, 1000, 1000, dtype=np.int64)
+    assert _exact_sum(small) == int(small.sum()) and _exact_sum([2**70, 1]) == 2**70 + 1

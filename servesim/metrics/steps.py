@@ -156,7 +156,13 @@ def _exact_products(values: np.ndarray, row_ps: np.ndarray) -> np.ndarray | list
 
 
 def _exact_sum(values) -> int:
-    """The exact integer sum: numpy's int64 sum when it cannot overflow, Python's otherwise."""
+    """The exact integer sum: numpy's int64 sum when it cannot overflow; for an int64 array that could, the
+    sums of its high and low 32-bit halves (each exact in int64 below 2^31 values), joined as a Python int;
+    Python's sum otherwise."""
     if isinstance(values, np.ndarray) and (not values.size or int(np.abs(values).max()) * values.size < 2**63):
         return int(values.sum())
+    if isinstance(values, np.ndarray) and values.dtype == np.int64 and values.size < 2**31:
+        high = values >> 32  # floor: values == high * 2^32 + low with 0 <= low < 2^32
+        low = values & 0xFFFFFFFF
+        return (int(high.sum()) << 32) + int(low.sum())
     return sum(values.tolist() if isinstance(values, np.ndarray) else values)
