@@ -478,3 +478,32 @@ def test_engine_runs_a_multi_turn_workload():
     })
     assert result.summary["completed"] == result.summary["num_requests"] == len(result.requests) > 10
     assert (result.requests["prompt_tokens"].to_numpy() > 10).all()  # every prompt carries its system prompt
+
+
+def test_a_dumped_azure_trace_config_validates_again():
+    """capacity and sweeps validate a model_dump of the config, which writes bucket_policy: spread (the
+    default) out: refusing any bucket_policy on an Azure trace broke every Azure capacity search."""
+    first = cfg({"type": "trace", "path": "x.csv"})
+    assert cfg(first.model_dump()).bucket_policy == "spread"
+
+
+def test_every_shipped_run_config_validates_again_from_its_dump():
+    """capacity, sweeps and deployments re-validate ``cfg.model_dump()``: a validator that treats a dumped
+    default as the user's choice breaks them (bucket_policy on Azure traces did)."""
+    from pathlib import Path
+
+    import yaml
+
+    from servesim.config.models import SimConfig, load_config, validate_config
+
+    root = Path(__file__).resolve().parents[1]
+    checked = 0
+    for path in sorted((root / "experiments").rglob("*.yaml")):
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if not (isinstance(data, dict) and "hardware" in data):
+            continue
+        config, _ = load_config(path)
+        again = validate_config(config.model_dump(), f"{path} (dumped)")
+        assert isinstance(again, SimConfig) and again.model_dump() == config.model_dump(), path
+        checked += 1
+    assert checked >= 15

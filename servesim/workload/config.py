@@ -78,7 +78,8 @@ class TraceWorkloadConfig(InputModel):
         azure = self.format == "azure" or (self.format == "auto" and self.path.lower().endswith(".csv"))
         if self.hash_ids and azure:
             raise ValueError("hash_ids: only Mooncake traces (.jsonl) carry hash_ids; Azure traces have none")
-        if "bucket_policy" in self.model_fields_set and azure:
+        # only a non-default policy: a dumped config (capacity, sweeps) writes the default back out
+        if self.bucket_policy == "burst" and azure:
             raise ValueError("bucket_policy: only Mooncake traces (.jsonl) share timestamps between requests; "
                              "Azure traces give each request its own")
         return self
@@ -144,6 +145,9 @@ class ClosedLoopWorkloadConfig(_SyntheticBase):
 
     @model_validator(mode="after")
     def _one_count(self) -> "ClosedLoopWorkloadConfig":
+        if (self.requests_per_client is not None and self.num_requests is not None
+                and self.num_requests == self.concurrency * self.requests_per_client):
+            return self  # both, consistent: a dumped config (num_requests is derived below) validates again
         if (self.num_requests is None) == (self.requests_per_client is None):
             raise ValueError("give exactly one of num_requests and requests_per_client")
         if self.num_requests is None:
