@@ -275,3 +275,30 @@ def test_request_growth_bounds_doubling_only_without_max_rate():
     assert free.stopped == f"at {MAX_REQUEST_GROWTH}x the first point's requests"
     bounded = search().max_rate(max_rate=1000.0)
     assert bounded.capped and bounded.capacity == 1000.0 and bounded.stopped is None
+
+
+def test_a_replica_count_resting_on_a_drained_burst_says_so():
+    """--replicas answered 2 replicas for 100 req/s from 300 requests arriving in 3 s (served at 21 req/s)
+    without the burst note the rate search prints."""
+    from servesim.cli.capacity import format_result
+
+    search = CapacitySearch(poisson_cfg(2.0), Path("."), [parse_slo("itl_p99=1")], replications=1,
+                            simulate=DrainedBurst(served=40.0))
+    result = search.min_replicas(1000.0, max_replicas=8)
+    assert result.capacity == 1
+    assert ("note: at 1000 requests/s the run's 10 requests arrive in 0.01 s and are served at 40 requests/s: "
+            "a burst drained") in format_result(result, search)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--replicas", "10", "--max-rate", "5"], "--max-rate: bounds the rate search; --replicas searches"),
+    (["--max-replicas", "5"], "--max-replicas: bounds the replica search of --replicas TARGET_RATE"),
+])
+def test_capacity_refuses_an_option_of_the_other_search(tmp_path, capsys, extra, message):
+    """--max-rate was ignored with --replicas, and --max-replicas without it."""
+    from servesim.cli import main
+
+    status = main(["capacity", str(ROOT / "experiments" / "azure-conv-llama8b-h100.yaml"), "--slo", "ttft_p99=1",
+                   *extra, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert status == 2 and err.startswith(f"servesim: error: {message}") and err.count("\n") == 1

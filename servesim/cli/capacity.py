@@ -26,6 +26,10 @@ from servesim.cli import COMMAND_OUTPUTS
 CAPACITY_OUTPUTS = COMMAND_OUTPUTS["capacity"]
 
 
+#: Most replicas ``--replicas`` tries unless ``--max-replicas`` says otherwise.
+DEFAULT_MAX_REPLICAS = 64
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``capacity`` options to ``parser``."""
     parser.add_argument("config", help="run config (YAML) with an open-loop workload (trace, poisson, gamma)")
@@ -40,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tolerance", type=float, default=0.05, help="relative tolerance of the rate (default 0.05)")
     parser.add_argument("--max-rate", type=float, default=None, metavar="R", help="highest rate tried (requests/s; default: no limit, at most 20 doublings of the "
                         "config's rate)")
-    parser.add_argument("--max-replicas", type=int, default=64, metavar="N", help="most replicas tried (default 64)")
+    parser.add_argument("--max-replicas", type=int, default=None, metavar="N",
+                        help=f"most replicas tried, with --replicas (default {DEFAULT_MAX_REPLICAS})")
     parser.add_argument("--max-requests", type=int, default=None, metavar="N",
                         help="cap the requests of each run (trace max_requests, or num_requests)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
@@ -63,6 +68,12 @@ def run(args: argparse.Namespace) -> int:
     from servesim.sweep.tables import write_csv
 
     slos = parse_slos(args.slo)
+    if args.replicas is not None and args.max_rate is not None:
+        raise ConfigError("--max-rate: bounds the rate search; --replicas searches replica counts at a given rate "
+                          "(give one of them)")
+    if args.replicas is None and args.max_replicas is not None:
+        raise ConfigError("--max-replicas: bounds the replica search of --replicas TARGET_RATE (give --replicas, "
+                          "or leave --max-replicas out)")
     overrides = parse_overrides(args.overrides, None)
     if args.max_requests is not None:
         if args.max_requests < 1:
@@ -85,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                             progress=progress)
     with replacing_outputs(out, CAPACITY_OUTPUTS):  # failed or interrupted, searching or writing: no outputs left
         if args.replicas is not None:
-            result = search.min_replicas(args.replicas, max_replicas=args.max_replicas)
+            most = DEFAULT_MAX_REPLICAS if args.max_replicas is None else args.max_replicas
+            result = search.min_replicas(args.replicas, max_replicas=most)
         else:
             result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
         frame = capacity_frame(result)
@@ -139,14 +151,18 @@ BURST_THROUGHPUT_SHARE = 0.5
 
 
 def _burst_note(result) -> str | None:
-    """A warning when the answer rests on a run whose requests all arrive before the first ones finish.
+    """A warning when the answer (a rate, or a replica count) rests on a run whose requests all arrive
+    before the first ones finish.
 
     Served over ``duration = last finish - first arrival``, N requests at rate R with a drain D after the
     last arrival give ``N / (N / R + D)`` requests/s: below half of R when D exceeds the arrival window
     N / R, i.e. when the run measures how one burst of N requests drains, which passes at any rate."""
-    if result.mode != "rate" or result.capacity is None:
+    if result.capacity is None:
         return None
-    at = next((ev for ev in result.evaluations if ev.passed and ev.rate == result.capacity), None)
+    if result.mode == "rate":
+        at = next((ev for ev in result.evaluations if ev.passed and ev.rate == result.capacity), None)
+    else:  # the fewest replicas passing the target rate
+        at = next((ev for ev in result.evaluations if ev.passed and ev.replicas == result.capacity), None)
     if at is None or at.request_throughput >= BURST_THROUGHPUT_SHARE * at.rate:
         return None
     return (f"note: at {at.rate:.4g} requests/s the run's {at.num_requests} requests arrive in "
