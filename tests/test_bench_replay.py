@@ -67,6 +67,9 @@ def test_bad_result_and_missing_server_are_one_line(tmp_path, capsys):
     # vLLM lists every request it sent (failed ones too): more completed than listed is not one run's result
     with pytest.raises(ConfigError, match=r"^r\.json: completed: 4 requests, but input_lens and output_lens list 2 "):
         replay_workload(_result(input_lens=[5, 7], output_lens=[3, 4]), "r.json", tmp_path)
+    # lists of different lengths were replayed at the mean lengths, described as "no input_lens in the result"
+    with pytest.raises(ConfigError, match=r"^r\.json: input_lens lists 2 requests and output_lens 3 "):
+        replay_workload(_result(completed=2, input_lens=[5, 7], output_lens=[3, 4, 5]), "r.json", tmp_path)
     # null is vllm bench serve's "no limit"; 0 clients would send nothing
     with pytest.raises(ConfigError, match=r"^r\.json: max_concurrency: expected a positive number of clients"):
         replay_workload(_result(max_concurrency=0), "r.json", tmp_path)

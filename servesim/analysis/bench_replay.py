@@ -137,12 +137,16 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
         (workload mapping, description of how the requests were rebuilt).
 
     Raises:
-        ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals), lists fewer
-            requests than ``completed``, or has ``max_concurrency`` 0.
+        ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals), lists input
+            and output lengths of different counts, lists fewer requests than ``completed``, or has
+            ``max_concurrency`` 0.
     """
     n = result_count(result, "completed", where) or 0
     ins, outs = result.get("input_lens"), result.get("output_lens")
-    if isinstance(ins, list) and isinstance(outs, list) and len(ins) == len(outs) and ins:
+    if isinstance(ins, list) and isinstance(outs, list) and len(ins) != len(outs):
+        raise ConfigError(f"{where}: input_lens lists {len(ins)} requests and output_lens {len(outs)} (expected "
+                          "one (input, output) pair per request, as vllm bench serve --save-detailed writes them)")
+    if isinstance(ins, list) and isinstance(outs, list) and ins:
         ins, outs = _token_counts(ins, "input_lens", where), _token_counts(outs, "output_lens", where)
         pairs = [(max(i, 1), max(o, 1)) for i, o in zip(ins, outs)]
         if n > len(pairs):  # vLLM lists every request it sent, the failed ones included
