@@ -68,8 +68,8 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
     Args:
         config: a :class:`~servesim.config.models.SimConfig`, a mapping with the same keys, or the path of a
             YAML run config.
-        seed: overrides the config's ``seed``; an int or a ``numpy.random.SeedSequence`` (sweeps pass one
-            spawned per point and replication). Same config and seed give identical results.
+        seed: overrides the config's ``seed``; a non-negative int or a ``numpy.random.SeedSequence`` (sweeps
+            pass one spawned per point and replication). Same config and seed give identical results.
         base_dir: folder that relative paths in the config resolve against (default: the config file's
             folder, or the current directory for mappings).
 
@@ -77,11 +77,17 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
         A :class:`Result` with ``summary`` (dict), ``requests`` and ``steps`` (pandas DataFrames).
 
     Raises:
-        ServesimError: an invalid config, an unreadable trace, or a setup that cannot run (one line; a
-            setting that cannot run names the config's file when it was read from one).
+        ServesimError: an invalid config (or no config, or a seed that is not a non-negative integer or a
+            SeedSequence), an unreadable trace, or a setup that cannot run (one line; a setting that cannot
+            run names the config's file when it was read from one).
     """
-    from servesim.errors import naming_settings_of
+    from servesim.errors import ConfigError, naming_settings_of
 
+    if config is None:
+        raise ConfigError("config: expected a run config (a YAML path, a mapping or a SimConfig), got None")
+    if seed is not None and not isinstance(seed, np.random.SeedSequence) and (
+            isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
+        raise ConfigError(f"seed: expected a non-negative integer or a numpy SeedSequence (got {seed!r})")
     cfg, folder = _as_config(config, base_dir)
     with naming_settings_of(cfg.source):
         return _simulate(cfg, folder, seed)

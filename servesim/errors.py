@@ -46,6 +46,40 @@ def naming_settings_of(source: str | None) -> Iterator[None]:
         raise SettingError(f"{source}: {exc}") from None
 
 
+def named_by_set(exc: ServesimError, source: str | None, set_keys: list[str]) -> ServesimError:
+    """``exc`` (``source: field: message``) as ``--set: field: message`` when ``field`` is a key ``--set``
+    gave, lies inside one, or (below the top level) holds one (``--set engine.max_num_seqs.x=1`` made
+    ``engine.max_num_seqs`` a mapping): the mistake is in the command line, not in the file; else ``exc``
+    unchanged (same type)."""
+    text = str(exc)
+    prefix = f"{source}: " if source is not None else ""
+    if not set_keys or not text.startswith(prefix):
+        return exc
+    rest = text[len(prefix):]
+    field = rest.split(": ", 1)[0]
+    if " " in field or ":" in field:  # no field named: an error of the whole config
+        return exc
+    for key in set_keys:
+        # a key inside the field only below the top level: an error of a whole section (engine: ...) may
+        # come from the file's other keys
+        if field == key or field.startswith(key + ".") or ("." in field and key.startswith(field + ".")):
+            return type(exc)(f"--set: {rest}")
+    return exc
+
+
+@contextmanager
+def naming_set_keys(set_keys: list[str], source: str | None) -> Iterator[None]:
+    """Name ``--set`` instead of the config's file ``source`` in a :class:`SettingError` raised inside about
+    a key ``--set`` gave (:func:`named_by_set`); nothing changes for any other error."""
+    try:
+        yield
+    except SettingError as exc:
+        renamed = named_by_set(exc, source, set_keys)
+        if renamed is exc:
+            raise
+        raise renamed from None
+
+
 @contextmanager
 def naming_option_of(key: str, option: str | None, source: str | None) -> Iterator[None]:
     """Name the command-line ``option`` (e.g. ``--speculative-config``) instead of the config's file

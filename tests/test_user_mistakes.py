@@ -279,8 +279,8 @@ MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {typ
 
 @pytest.mark.parametrize("override, message", [
     # each of these was a traceback (ZeroDivisionError, ValueError: Maximum allowed dimension exceeded,
-    # OverflowError, MemoryError), a float cast to garbage, or a run that could not end (a value --set gave
-    # that fails validation names --set; one refused when the run is wired names the config's file)
+    # OverflowError, MemoryError), a float cast to garbage, or a run that could not end (given by --set, each
+    # names --set)
     (f"workload={{type: gamma, rate: 5, cv: 1.0e-300, num_requests: 10, {FIXED5}}}",
      "--set: workload.cv: Input should be greater than or equal to 0.000001 (got 1e-300)"),
     (f"workload={{type: gamma, rate: 5, cv: 1.0e+100, duration_s: 10, {FIXED5}}}",
@@ -298,7 +298,7 @@ MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {typ
      "--set: workload: concurrency x requests_per_client = 10000000000 requests; servesim simulates at most "
      "2147483647"),
     (f"workload={{type: closed_loop, concurrency: 2, think_time_s: 1.0e+300, num_requests: 5, {FIXED5}}}",
-     "{cfg}: workload.think_time_s: expected at most 2.31e+06 s (~26 days), the longest span of arrivals servesim "
+     "--set: workload.think_time_s: expected at most 2.31e+06 s (~26 days), the longest span of arrivals servesim "
      "simulates (got 1e+300)"),
     ("workload.prompt_tokens={type: fixed, value: 99999999999999999999999}",
      "--set: workload.prompt_tokens.value: Input should be less than or equal to 2147483647 "
@@ -397,8 +397,22 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
      "servesim's steps take at most 70.4 s"),
 ])
 def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
-    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    cfg, err = _refused_run(tmp_path, capsys, config=_with(override))
     assert err == f"servesim: error: {cfg}: {message}\n"
+    # the same value given by --set names --set when the message is about its key (the mistake is not in
+    # the file); a message about a whole section (engine: ..., roofline: ...) still names the file
+    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    key, field = override.split("=", 1)[0], message.split(": ", 1)[0]
+    named = "--set" if field == key or field.startswith(key + ".") else str(cfg)
+    assert err == f"servesim: error: {named}: {message}\n"
+
+
+def _with(assignment: str, config: dict = SMALL) -> dict:
+    """``config`` with the ``--set``-style ``assignment`` written into it (a mistake in the file itself)."""
+    from servesim.config.overrides import parse_assignment, set_dotted
+
+    key, value = parse_assignment(assignment)
+    return set_dotted(dict(config), key, value)
 
 
 @pytest.mark.parametrize("override, message", [
@@ -481,7 +495,7 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
                                        "clock (got 1e+300)"),
 ])
 def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, message):
-    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    cfg, err = _refused_run(tmp_path, capsys, config=_with(override))
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
 
 
@@ -574,3 +588,22 @@ def test_a_synthetic_workload_without_arrivals_is_refused(tmp_path, capsys):
     assert err == (f"servesim: error: {cfg}: workload.duration_s: no request arrives in 0.001 s at 1 req/s (with "
                    "this seed): lengthen duration_s or raise the rate\n")
     assert not (tmp_path / "o" / "summary.json").exists()
+
+
+@pytest.mark.parametrize("seed", [-1, "a", 1.5, True])
+def test_simulate_refuses_a_seed_that_is_not_a_non_negative_integer(seed):
+    """-1 and "a" raised numpy's and int()'s ValueError; 1.5 and True ran as 1."""
+    from servesim import simulate
+    from servesim.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        simulate(SMALL, seed=seed)
+    assert str(info.value) == f"seed: expected a non-negative integer or a numpy SeedSequence (got {seed!r})"
+
+
+def test_simulate_of_none_says_a_config_is_needed():
+    from servesim import simulate
+    from servesim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^config: expected a run config \(a YAML path, a mapping or a SimConfig\)"):
+        simulate(None)

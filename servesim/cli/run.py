@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
     from servesim.metrics import format_summary_table, write_outputs
     from servesim.api import simulate
     from servesim.atomic import prepare_output_dir, remove_stale, replacing_outputs
-    from servesim.errors import naming_option_of
+    from servesim.errors import naming_option_of, naming_set_keys
 
     # the modules just imported live as long as the process: out of the garbage collector's sight
     # (gc.freeze), its full collections during the run walk only the run's own objects
@@ -178,7 +178,8 @@ def run(args: argparse.Namespace) -> int:
     with replacing_outputs(out_dir, RUN_OUTPUTS):
         # a setting of --speculative-config refused when the run is set up names the option, not the file
         option = speculative_option(args.overrides, args.speculative_config, getattr(args, "llama_cpp_spec", None))
-        with naming_option_of("speculative_config", option, cfg.source):
+        with naming_option_of("speculative_config", option, cfg.source), naming_set_keys(set_keys(args.overrides),
+                                                                                         cfg.source):
             result = simulate(cfg, seed=args.seed, base_dir=folder)
         summary = dict(result.summary)
         _check_window(summary, cfg)

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from pydantic import ConfigDict, Field, PrivateAttr, ValidationInfo, field_validator, model_validator
 
-from servesim.errors import ConfigError
+from servesim.errors import ConfigError, named_by_set
 from servesim.input_models import InputModel
 from servesim.workload.config import WorkloadConfig
 
@@ -283,7 +283,7 @@ def load_config(
     try:
         return validate_config(data, str(p)), p.resolve().parent
     except ConfigError as exc:
-        raise _named_by_set(exc, str(p), list(set_keys)) from None
+        raise named_by_set(exc, str(p), list(set_keys)) from None
 
 
 def inline_workload_file(data: Any, folder: Path, source: str) -> Any:
@@ -321,23 +321,6 @@ def inline_workload_file(data: Any, folder: Path, source: str) -> Any:
         return node
 
     return {**data, "workload": absolute(workload)}
-
-
-def _named_by_set(exc: Exception, source: str, set_keys: list[str]) -> Exception:
-    """``exc`` (``source: field: message``) as ``--set: field: message`` when ``field`` is a key ``--set``
-    gave, lies inside one, or holds one (``--set engine.max_num_seqs.x=1`` made ``engine.max_num_seqs`` a
-    mapping); else ``exc`` unchanged."""
-    text, prefix = str(exc), f"{source}: "
-    if not set_keys or not text.startswith(prefix):
-        return exc
-    rest = text[len(prefix):]
-    field = rest.split(": ", 1)[0]
-    if " " in field or ":" in field:  # no field named: an error of the whole config
-        return exc
-    for key in set_keys:
-        if field == key or field.startswith(key + ".") or key.startswith(field + "."):
-            return ConfigError(f"--set: {rest}")
-    return exc
 
 
 def validate_config(data: Any, source: str) -> SimConfig:
