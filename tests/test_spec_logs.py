@@ -123,6 +123,20 @@ def test_llamacpp_timings_example_10():
     assert profile.mean_acceptance_length(4) == pytest.approx(1 + 32 / 46, abs=1e-5)
 
 
+def test_llamacpp_timings_refuse_a_k_the_counts_contradict():
+    """--k 1 pooled 177 'rounds' from two responses of 40 tokens; --k 200 exceeded what servesim takes."""
+    from servesim.errors import TraceError
+
+    with pytest.raises(TraceError, match=r"line 1: 31 drafts \(31 accepted\) in 40 predicted tokens need more than "
+                                         r"--k 1 drafts a round: it has at most 8 rounds, so the draft length "
+                                         r"\(--spec-draft-n-max\) is at least 4$"):
+        parse_llamacpp(EXAMPLES / "llamacpp-responses.jsonl", k=1)
+    with pytest.raises(TraceError, match="line 1: 31 drafts .* more than --k 3 drafts"):  # 8 rounds of 3 hold 24
+        parse_llamacpp(EXAMPLES / "llamacpp-responses.jsonl", k=3)
+    with pytest.raises(TraceError, match=r"^--k: expected the draft length \(--spec-draft-n-max\) from 1 to 128"):
+        parse_llamacpp(EXAMPLES / "llamacpp-responses.jsonl", k=200)
+
+
 def test_llamacpp_log_lines_example_10(tmp_path):
     greedy = tmp_path / "g.log"
     greedy.write_text("slot print_timing: id  0 | task 0 | draft acceptance = 1.00000 (   31 accepted /    31 "

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from servesim.errors import TraceError
+from servesim.speculation.config import MAX_SPEC_LEN
 from servesim.speculation.profile import AcceptanceProfile
 
 __all__ = [
@@ -409,11 +410,13 @@ def parse_llamacpp(path: str | Path, k: int) -> SpecDecodeCounts:
 
     Raises:
         TraceError: no usable response/line, invalid JSON (the line is named), negative or inconsistent
-        counts (accepted > drafted), ``k < 1``.
+            counts (accepted > drafted, more drafts than ``k`` a round allows in the predicted tokens), ``k``
+            outside 1..128.
     """
     p = Path(path)
-    if k < 1:
-        raise TraceError(f"--k: expected the draft length (--spec-draft-n-max) >= 1 (got {k})")
+    if not 1 <= k <= MAX_SPEC_LEN:
+        raise TraceError(f"--k: expected the draft length (--spec-draft-n-max) from 1 to "
+                         f"{MAX_SPEC_LEN}, the most num_speculative_tokens servesim takes (got {k})")
     lines = _read_text(p).splitlines()
     first = next((ln.strip() for ln in lines if ln.strip()), "")
     drafted = accepted = rounds = used = skipped = 0
@@ -439,7 +442,16 @@ def parse_llamacpp(path: str | Path, k: int) -> SpecDecodeCounts:
             if a > g:
                 raise TraceError(f"{where}: timings.draft_n_accepted = {a} exceeds draft_n = {g}")
             n = t.get("predicted_n")
-            if isinstance(n, int) and not isinstance(n, bool) and n - 1 - a >= math.ceil(g / k):
+            if isinstance(n, int) and not isinstance(n, bool) and n - 1 - a < math.ceil(g / k):
+                # each round emits 1 + its accepted drafts: n - 1 - a rounds after the first token, each
+                # drafting at most k, cannot have drafted g
+                rounds_max = n - 1 - a
+                least = f"at least {math.ceil(g / rounds_max)}" if rounds_max > 0 else "none"
+                raise TraceError(
+                    f"{where}: {g} drafts ({a} accepted) in {n} predicted tokens need more than --k {k} drafts a "
+                    f"round: it has at most {max(rounds_max, 0)} rounds, so the draft length (--spec-draft-n-max) "
+                    f"is {least}")
+            if isinstance(n, int) and not isinstance(n, bool):
                 r = n - 1 - a
             else:
                 r = math.ceil(g / k)
