@@ -75,7 +75,13 @@ def test_cli_exit_codes(capsys):
     assert capsys.readouterr().out.strip() == "compatible"
     assert main(["check-draft", str(DATA / "target"), str(DATA / "draft-padded"),
                  "--max-size-difference", "0"]) == 1
-    assert capsys.readouterr().out.strip() == "size differs by 1"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "size differs by 1"  # the lesson's wording, then both sides (it printed the draft's only)
+    assert lines[1].startswith("  target: ") and lines[1].endswith(", 12 tokens")
+    assert lines[2].startswith("  draft: ") and lines[2].endswith(", 13 tokens") and len(lines) == 3
+    assert main(["check-draft", str(DATA / "target"), str(DATA / "draft-padded"), "--check-start-id", "12"]) == 2
+    assert capsys.readouterr().err == ("servesim: error: --check-start-id: 12 is beyond the vocabularies (12 and 13 "
+                                       "tokens): no token text would be compared (expected below 12)\n")
     assert main(["check-draft", str(DATA / "target"), str(DATA / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "file not found" in err

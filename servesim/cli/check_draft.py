@@ -31,12 +31,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print ``compatible`` and return 0, or print the first failing rule and return 1."""
+    """Print ``compatible`` and return 0, or print the first failing rule (the lesson's wording) and both
+    vocabularies' fields and return 1.
+
+    Raises:
+        ConfigError: a negative option, or ``--check-start-id`` at or beyond the smaller vocabulary.
+    """
     if args.max_size_difference < 0:
         raise ConfigError(f"--max-size-difference: expected >= 0 (got {args.max_size_difference})")
     if args.check_start_id < 0:
         raise ConfigError(f"--check-start-id: expected >= 0 (got {args.check_start_id})")
-    verdict = check_compatible(load_vocab(args.target), load_vocab(args.draft),
-                               args.max_size_difference, args.check_start_id)
-    print(verdict)
-    return 0 if verdict == "compatible" else 1
+    target, draft = load_vocab(args.target), load_vocab(args.draft)
+    smaller = min(target.size, draft.size)
+    if args.check_start_id >= smaller:  # rule 7 would compare no token at all
+        raise ConfigError(f"--check-start-id: {args.check_start_id} is beyond the vocabularies ({target.size} and "
+                          f"{draft.size} tokens): no token text would be compared (expected below {smaller})")
+    verdict = check_compatible(target, draft, args.max_size_difference, args.check_start_id)
+    print(verdict)  # the lesson's (llama.cpp's) wording
+    if verdict == "compatible":
+        return 0
+    for role, vocab in (("target", target), ("draft", draft)):  # both sides, for the rule that failed
+        print(f"  {role}: {vocab.name}: type {vocab.type}, BOS id {vocab.bos_id}, EOS id {vocab.eos_id}, add BOS "
+              f"{vocab.add_bos}, add EOS {vocab.add_eos}, {vocab.size} tokens")
+    return 1
