@@ -583,3 +583,22 @@ def test_metric_names_cover_every_summary_key():
         else:
             assert key in GROUPED_METRICS and isinstance(value, (dict, list)), key
     assert is_metric_column("ttft_s.p99") and is_metric_column("goodput") and not is_metric_column("batch_size")
+
+
+def test_an_executor_that_cannot_start_leaves_no_sweep_behind(tmp_path, monkeypatch):
+    """A Dask scheduler that could not be reached left points/ and sweep.json in --out."""
+    import contextlib
+
+    from servesim.sweep import runner
+
+    @contextlib.contextmanager
+    def unreachable(executor, jobs):
+        raise ConfigError("--executor: cannot reach the Dask scheduler at dask://127.0.0.1:1")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(runner, "open_executor", unreachable)
+    out = tmp_path / "out"
+    with pytest.raises(ConfigError, match="cannot reach"):
+        run_sweep(write_sweep(tmp_path, {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64]}}), out,
+                  progress=False, simulate=fake_simulate, executor="dask://127.0.0.1:1")
+    assert not (out / "sweep.json").exists() and not (out / "points").exists()

@@ -38,10 +38,12 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: invalid sweep file, ``--jobs`` or ``--executor`` (printed as one line by the CLI).
     """
+    from servesim.sweep.executors import check_executor
     from servesim.sweep.runner import count_runs, run_sweep
     from servesim.sweep.spec import load_sweep
 
     loaded = load_sweep(args.sweep)
+    check_executor(args.executor, args.jobs)  # a bad --executor or --jobs before the sweep's size is printed
     points, runs = count_runs(loaded)
     print(f"sweep: {points:,} point(s) x {loaded.config.replications} replication(s) = {runs:,} run(s)", flush=True)
     result = run_sweep(

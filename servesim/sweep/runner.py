@@ -296,8 +296,6 @@ def run_sweep(
         _check_configs(loaded, show)  # a typo in a swept key fails here, once, before any run
     prepare_output_dir(out)  # before any run: an unwritable --out fails at once, in one line
     _check_same_sweep(out, loaded)
-    (out / "points").mkdir(parents=True, exist_ok=True)
-    _write_manifest(out, loaded)
 
     resolver = InputResolver(loaded.base_dir)
     num_runs = count_runs(loaded)[1]
@@ -346,6 +344,9 @@ def run_sweep(
         # interrupted: an earlier invocation's tables (maybe of another grid) and the figures drawn from them
         # must not look like this one's
         with replacing_outputs(out, SWEEP_TABLES + tuple(figures)), open_executor(executor, jobs) as pool:
+            # once the workers are there (a Dask scheduler that cannot be reached leaves nothing behind)
+            (out / "points").mkdir(parents=True, exist_ok=True)
+            _write_manifest(out, loaded)
             if pool is None:
                 for task in pending():
                     finish(task, *execute_task(simulate, task.config, task.seed, base_dir))
