@@ -217,8 +217,18 @@ def test_plot_of_a_run_folder_says_it_holds_a_run(tmp_path, capsys):
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 0
     assert main(["plot", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (f"servesim: error: {tmp_path / 'o'}: holds the results of `servesim run` "
-                                       "(summary.json), not of a sweep: plot draws a `servesim sweep` folder (a run "
-                                       "draws its own latency.png)\n")
+                                       "(summary.json, requests.csv, steps.csv), not of a sweep: plot draws a "
+                                       "`servesim sweep` folder (`servesim run` draws its own figures)\n")
+
+
+def test_plot_of_a_capacity_folder_says_whose_it_is(tmp_path, capsys):
+    # was "DIR/summary.csv: cannot read the sweep summary (FileNotFoundError); run `servesim sweep` first"
+    (tmp_path / "o").mkdir()
+    (tmp_path / "o" / "capacity.csv").write_text("rate\n1\n")
+    assert main(["plot", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {tmp_path / 'o'}: holds the results of `servesim capacity` "
+                                       "(capacity.csv), not of a sweep: plot draws a `servesim sweep` folder "
+                                       "(`servesim capacity` draws its own figures)\n")
 
 
 @pytest.mark.parametrize("measure", [{"after_completed": 60}, {"after_s": 1e6}, {"until_s": 1e-3}])

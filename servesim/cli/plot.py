@@ -44,9 +44,15 @@ def read_sweep_dir(folder: Path):
     from servesim.errors import ConfigError
 
     summary_path, meta_path = folder / "summary.csv", folder / "sweep.json"
-    if not summary_path.exists() and (folder / "summary.json").is_file():
-        raise ConfigError(f"{folder}: holds the results of `servesim run` (summary.json), not of a sweep: plot "
-                          "draws a `servesim sweep` folder (a run draws its own latency.png)")
+    if not summary_path.exists():
+        from servesim.cli import COMMAND_OUTPUTS
+
+        for command, outputs in COMMAND_OUTPUTS.items():  # another command's folder: say whose
+            found = [name for name in outputs if (folder / name).is_file()]
+            if command != "sweep" and found:
+                raise ConfigError(f"{folder}: holds the results of `servesim {command}` ({', '.join(found)}), not "
+                                  f"of a sweep: plot draws a `servesim sweep` folder (`servesim {command}` draws "
+                                  "its own figures)")
     try:
         summary = pd.read_csv(summary_path)
     except (OSError, ValueError) as exc:
