@@ -15,7 +15,7 @@ members), while everything else stays lax as before: strings for Literals, integ
 got a boolean``.
 
 How: the model's core schema (built when pydantic builds the model, so ``defer_build`` keeps its effect)
-gets a before-validator in front of every ``int`` and ``float`` schema in it.
+gets a before-validator in front of every ``int``, ``float`` and ``bool`` schema in it.
 """
 
 from __future__ import annotations

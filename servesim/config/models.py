@@ -257,8 +257,9 @@ def load_config(
         path: the YAML file.
         overrides: dotted keys to set before validation, in order: a mapping
             (``{"engine.max_num_seqs": 64}``) or ``(key, value)`` pairs, as ``servesim run --set`` gives.
-        set_keys: the keys among ``overrides`` that ``--set`` gave: a field that fails validation at (or
-            inside, or above) one of them is named ``--set``, not the file (the mistake is not in it).
+        set_keys: the keys among ``overrides`` that ``--set`` gave: a field that fails validation at or
+            inside one of them (or, below the top level, above one) is named ``--set``, not the file (the
+            mistake is not in it; :func:`servesim.errors.named_by_set`).
 
     Returns:
         (config, folder of the file): relative paths inside the config resolve against that folder.
