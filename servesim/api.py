@@ -85,6 +85,8 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
 
     if config is None:
         raise ConfigError("config: expected a run config (a YAML path, a mapping or a SimConfig), got None")
+    if isinstance(seed, float) and seed.is_integer():  # as a config's seed: 4.0 is 4
+        seed = int(seed)
     if seed is not None and not isinstance(seed, np.random.SeedSequence) and (
             isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
         raise ConfigError(f"seed: expected a non-negative integer or a numpy SeedSequence (got {seed!r})")

@@ -49,20 +49,25 @@ def naming_settings_of(source: str | None) -> Iterator[None]:
 def named_by_set(exc: ServesimError, source: str | None, set_keys: list[str]) -> ServesimError:
     """``exc`` (``source: field: message``) as ``--set: field: message`` when ``field`` is a key ``--set``
     gave, lies inside one, or (below the top level) holds one (``--set engine.max_num_seqs.x=1`` made
-    ``engine.max_num_seqs`` a mapping): the mistake is in the command line, not in the file; else ``exc``
+    ``engine.max_num_seqs`` a mapping), or when a section's check names a key ``--set`` gave first
+    (``workload: bucket_policy: ...``): the mistake is in the command line, not in the file; else ``exc``
     unchanged (same type)."""
     text = str(exc)
     prefix = f"{source}: " if source is not None else ""
     if not set_keys or not text.startswith(prefix):
         return exc
     rest = text[len(prefix):]
-    field = rest.split(": ", 1)[0]
+    parts = rest.split(": ")
+    field = parts[0]
     if " " in field or ":" in field:  # no field named: an error of the whole config
         return exc
+    # a section's check that names its key first (``workload: bucket_policy: ...``) is about that key
+    inner = f"{field}.{parts[1]}" if len(parts) > 2 and parts[1] and " " not in parts[1] else None
     for key in set_keys:
         # a key inside the field only below the top level: an error of a whole section (engine: ...) may
         # come from the file's other keys
-        if field == key or field.startswith(key + ".") or ("." in field and key.startswith(field + ".")):
+        if (field == key or field.startswith(key + ".") or ("." in field and key.startswith(field + "."))
+                or inner is not None and (inner == key or inner.startswith(key + "."))):
             return type(exc)(f"--set: {rest}")
     return exc
 

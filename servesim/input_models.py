@@ -55,9 +55,12 @@ def _refuse_bool_for_float(value: Any) -> Any:
 
 
 def _refuse_other_for_bool(value: Any) -> Any:
-    if value.__class__ is not bool:
-        raise PydanticCustomError("other_for_bool", "expected true or false")
-    return value
+    if value.__class__ is bool:
+        return value
+    kind = type(value)
+    if kind.__module__ == "numpy" and kind.__name__ in ("bool", "bool_"):  # numpy.bool_: a boolean, from pandas/numpy
+        return bool(value)
+    raise PydanticCustomError("other_for_bool", "expected true or false")
 
 
 _GUARDS = {"int": _refuse_bool_for_int, "float": _refuse_bool_for_float, "bool": _refuse_other_for_bool}

@@ -559,3 +559,15 @@ def test_architecture_card_validation_messages() -> None:
     del no_arch["vocab_size"]
     with pytest.raises(ConfigError, match="vocab_size: required key is missing"):
         load_model(no_arch)
+
+
+def test_hf_config_reads_qwen_mtp_layers_as_mtp_modules(tmp_path) -> None:
+    """Qwen3.5/3.6 configs name their MTP layers mtp_num_hidden_layers: read as num_nextn_predict_layers
+    (MTP speculation needs them)."""
+    import json
+
+    config = {"model_type": "qwen3", "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 128,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 100, "torch_dtype": "bfloat16",
+              "max_position_embeddings": 512, "mtp_num_hidden_layers": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert load_model(str(tmp_path / "config.json")).num_nextn_predict_layers == 1

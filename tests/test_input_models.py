@@ -205,3 +205,13 @@ def test_whole_numbers_in_exponent_form_are_integers(tmp_path):
     assert cfg.workload.num_requests == 15
     with pytest.raises(ConfigError, match="num_requests"):
         load_config(tmp_path / "c.yaml", [("workload.num_requests", "1.5")])
+
+
+def test_numpy_booleans_are_booleans():
+    """np.bool_ from pandas or numpy (a config built in Python) was refused by the strict boolean guard."""
+    import numpy as np
+
+    from servesim.config.models import SimConfig
+
+    cfg = SimConfig.model_validate({**SMALL, "engine": {"enable_prefix_caching": np.bool_(False)}})
+    assert cfg.engine.enable_prefix_caching is False

@@ -93,3 +93,18 @@ def test_bad_card_is_one_line(tmp_path):
     with pytest.raises(ConfigError, match="vocab_type is required") as err:
         load_vocab(f)
     assert str(f) in str(err.value)
+
+
+def test_default_start_id_on_a_tiny_vocabulary_still_checks_rules_1_to_6(tmp_path, capsys):
+    """The check of --check-start-id refused its own default (5) on vocabularies of 5 tokens, before the
+    type, BOS and EOS rules had said anything."""
+    from servesim.cli import main
+
+    card = "name: toy5\nvocab_type: BPE\nbos_id: 0\neos_id: 1\nadd_bos: true\nadd_eos: false\n" \
+           'tokens: ["<s>", "</s>", "a", "b", "c"]\n'
+    (tmp_path / "t.yaml").write_text(card)
+    (tmp_path / "d.yaml").write_text(card.replace("BPE", "SPM"))
+    assert main(["check-draft", str(tmp_path / "t.yaml"), str(tmp_path / "d.yaml")]) == 1
+    assert capsys.readouterr().out.splitlines()[0] == "vocab type differs: SPM"
+    assert main(["check-draft", str(tmp_path / "t.yaml"), str(tmp_path / "t.yaml")]) == 0
+    assert capsys.readouterr().out.strip() == "compatible"

@@ -17,7 +17,7 @@ from servesim.errors import ConfigError
 from servesim.cli import sweep as command
 from servesim.sweep.points import expand_points, point_config, seed_sequence, task_seed
 from servesim.sweep.runner import run_sweep
-from servesim.sweep.spec import load_sweep
+from servesim.sweep.spec import SweepConfig, load_sweep
 
 REPO = Path(__file__).resolve().parents[1]
 HAS_DASK = importlib.util.find_spec("distributed") is not None
@@ -602,3 +602,21 @@ def test_an_executor_that_cannot_start_leaves_no_sweep_behind(tmp_path, monkeypa
         run_sweep(write_sweep(tmp_path, {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64]}}), out,
                   progress=False, simulate=fake_simulate, executor="dask://127.0.0.1:1")
     assert not (out / "sweep.json").exists() and not (out / "points").exists()
+
+
+def test_a_sweep_given_in_python_resumes_a_file_sweeps_folder(tmp_path):
+    """run_sweep(SweepConfig) into the folder of the same sweep run from its file was refused as another
+    sweep (its source is 'sweep', not a file name)."""
+    sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 256]}}
+    out = tmp_path / "out"
+    run_sweep(write_sweep(tmp_path, sweep), out, progress=False, simulate=fake_simulate)
+    CALLS.clear()
+    import os
+
+    here = os.getcwd()
+    os.chdir(tmp_path)
+    try:
+        again = run_sweep(SweepConfig.model_validate(sweep), out, progress=False, simulate=fake_simulate)
+    finally:
+        os.chdir(here)
+    assert again.num_skipped == 2 and CALLS == []

@@ -607,3 +607,54 @@ def test_simulate_of_none_says_a_config_is_needed():
 
     with pytest.raises(ConfigError, match=r"^config: expected a run config \(a YAML path, a mapping or a SimConfig\)"):
         simulate(None)
+
+
+
+def test_mtp_without_mtp_modules_names_where_the_method_came_from(tmp_path, capsys):
+    """The MTP refusal named no source (a ConfigError outside the settings' naming)."""
+    import json
+
+    spec = {"method": "mtp", "num_speculative_tokens": 1}
+    message = "speculative_config.method: mtp needs a target with MTP modules, and model Llama-3.1-8B has none"
+    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    assert err.startswith(f"servesim: error: {cfg}: {message}")
+    _, err = _refused_run(tmp_path, capsys, "--speculative-config", json.dumps(spec))
+    assert err.startswith(f"servesim: error: --speculative-config: {message}")
+    _, err = _refused_run(tmp_path, capsys, "--set", "speculative_config.method=mtp",
+                          config={**SMALL, "speculative_config": {**spec, "method": "eagle"}})
+    assert err.startswith(f"servesim: error: --set: {message}")
+
+
+def test_a_sections_check_of_a_key_set_by_set_names_set(tmp_path, capsys):
+    """workload: bucket_policy: ... (a check of the whole workload about one key) named the file."""
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0000000,10,5\n")
+    config = {**SMALL, "workload": {"type": "trace", "path": "t.csv"}}
+    _, err = _refused_run(tmp_path, capsys, "--set", "workload.bucket_policy=burst", config=config)
+    assert err.startswith("servesim: error: --set: workload: bucket_policy: only Mooncake traces")
+
+
+def test_set_and_sweeps_take_a_workload_file(tmp_path):
+    """--set workload=FILE and a grid over workload files were refused ('expected a mapping')."""
+    import yaml
+
+    from servesim.config.models import load_config
+    from servesim.sweep.points import expand_points, point_config
+    from servesim.sweep.spec import load_sweep
+
+    (tmp_path / "w.yaml").write_text(yaml.safe_dump(SMALL["workload"]))
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text(yaml.safe_dump({**SMALL, "workload": {"type": "poisson", "rate": 1.0, "num_requests": 3,
+                                                             "prompt_tokens": {"type": "fixed", "value": 5},
+                                                             "output_tokens": {"type": "fixed", "value": 5}}}))
+    cfg, _ = load_config(cfg_path, [("workload", "w.yaml"), ("workload.num_requests", 7)])
+    assert cfg.workload.num_requests == 7 and cfg.workload.type == SMALL["workload"]["type"]
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump({"base": "c.yaml", "grid": {"workload": ["w.yaml"]}}))
+    sweep = load_sweep(tmp_path / "s.yaml")
+    (point,) = expand_points(sweep)
+    assert point_config(sweep, point)["workload"] == SMALL["workload"]
+
+
+def test_simulate_takes_a_whole_float_seed_as_a_config_does():
+    from servesim import simulate
+
+    assert simulate(SMALL, seed=4.0).summary == simulate(SMALL, seed=4).summary

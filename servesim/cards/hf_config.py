@@ -7,8 +7,8 @@ hidden/heads), ``vocab_size``, ``tie_word_embeddings`` (default False), ``torch_
 ``moe_intermediate_size``, ``n_shared_experts``, ``first_k_dense_replace``, ``kv_lora_rank`` (its presence
 means MLA), ``q_lora_rank``, ``qk_rope_head_dim``, ``qk_nope_head_dim``, ``v_head_dim``,
 ``max_position_embeddings``, ``sliding_window`` with ``layer_types``/``use_sliding_window``,
-``attention_bias``, ``mlp_bias``, ``num_nextn_predict_layers``, ``quantization_config.quant_method``
-(``fp8``; ``mxfp4`` for the experts). ``model_type`` qwen3/qwen3_moe sets ``qk_norm``; gpt_oss sets the
+``attention_bias``, ``mlp_bias``, ``num_nextn_predict_layers`` (or ``mtp_num_hidden_layers``),
+``quantization_config.quant_method`` (``fp8``; ``mxfp4`` for the experts). ``model_type`` qwen3/qwen3_moe sets ``qk_norm``; gpt_oss sets the
 attention and MLP biases.
 """
 
@@ -77,7 +77,8 @@ def hf_config_to_card_data(cfg: dict[str, Any], source: str, default_name: str) 
         "mlp_bias": bool(cfg.get("mlp_bias", model_type == "gpt_oss")),
         "qk_norm": model_type in ("qwen3", "qwen3_moe"),
         "max_model_len": cfg["max_position_embeddings"],
-        "num_nextn_predict_layers": cfg.get("num_nextn_predict_layers") or 0,
+        # DeepSeek's key; Qwen3.5/3.6 name their MTP layers mtp_num_hidden_layers
+        "num_nextn_predict_layers": cfg.get("num_nextn_predict_layers") or cfg.get("mtp_num_hidden_layers") or 0,
         "source": source,
     }
 

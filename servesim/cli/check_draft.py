@@ -26,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("draft", help="draft tokenizer.json, its directory, or a vocabulary YAML")
     parser.add_argument("--max-size-difference", type=int, default=SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
                         help=f"largest allowed vocabulary size difference (default {SPEC_VOCAB_MAX_SIZE_DIFFERENCE})")
-    parser.add_argument("--check-start-id", type=int, default=SPEC_VOCAB_CHECK_START_TOKEN_ID,
+    parser.add_argument("--check-start-id", type=int, default=None,
                         help=f"first token id whose text is compared (default {SPEC_VOCAB_CHECK_START_TOKEN_ID})")
 
 
@@ -35,18 +35,21 @@ def run(args: argparse.Namespace) -> int:
     vocabularies' fields and return 1.
 
     Raises:
-        ConfigError: a negative option, or ``--check-start-id`` at or beyond the smaller vocabulary.
+        ConfigError: a negative option, or a ``--check-start-id`` given at or beyond the smaller vocabulary
+            (rule 7 would compare no token) when rules 1-6 pass.
     """
     if args.max_size_difference < 0:
         raise ConfigError(f"--max-size-difference: expected >= 0 (got {args.max_size_difference})")
-    if args.check_start_id < 0:
+    if args.check_start_id is not None and args.check_start_id < 0:
         raise ConfigError(f"--check-start-id: expected >= 0 (got {args.check_start_id})")
     target, draft = load_vocab(args.target), load_vocab(args.draft)
+    start = SPEC_VOCAB_CHECK_START_TOKEN_ID if args.check_start_id is None else args.check_start_id
+    verdict = check_compatible(target, draft, args.max_size_difference, start)
     smaller = min(target.size, draft.size)
-    if args.check_start_id >= smaller:  # rule 7 would compare no token at all
-        raise ConfigError(f"--check-start-id: {args.check_start_id} is beyond the vocabularies ({target.size} and "
+    if verdict == "compatible" and args.check_start_id is not None and start >= smaller:
+        # rules 1-6 passed, and the start the user gave left rule 7 no token to compare
+        raise ConfigError(f"--check-start-id: {start} is beyond the vocabularies ({target.size} and "
                           f"{draft.size} tokens): no token text would be compared (expected below {smaller})")
-    verdict = check_compatible(target, draft, args.max_size_difference, args.check_start_id)
     print(verdict)  # the lesson's (llama.cpp's) wording
     if verdict == "compatible":
         return 0

@@ -281,6 +281,8 @@ def load_config(
     pairs = overrides.items() if isinstance(overrides, Mapping) else (overrides or ())
     for key, value in pairs:
         data = set_dotted(data or {}, key, value, source="--set")  # a key that cannot be set is the option's
+        # --set workload=FILE (relative to the config's folder), which later --set keys may refine
+        data = inline_workload_file(data, p.resolve().parent, "--set")
     try:
         return validate_config(data, str(p)), p.resolve().parent
     except ConfigError as exc:

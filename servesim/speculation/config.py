@@ -64,7 +64,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from servesim.input_models import InputModel
-from servesim.errors import ConfigError
+from servesim.errors import ConfigError, SettingError
 from servesim.speculation.schedule import validate_schedule
 
 SpecMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix"]
@@ -277,20 +277,20 @@ class SpeculativeConfig(InputModel):
                 architecture, is not checked).
 
         Raises:
-            ConfigError: ``mtp`` on a target without MTP modules (vLLM runs MTP only from a checkpoint's own
+            SettingError: ``mtp`` on a target without MTP modules (vLLM runs MTP only from a checkpoint's own
                 MTP layers), or ``speculative_config.num_speculative_tokens`` not divisible by their count.
         """
         n_predict = int(getattr(model, "num_nextn_predict_layers", 0) or 0)
         k = int(self.num_speculative_tokens)
         if self.method == "mtp" and n_predict == 0 and not getattr(model, "is_explicit", False):
-            raise ConfigError(
+            raise SettingError(
                 f"speculative_config.method: mtp needs a target with MTP modules, and model "
                 f"{getattr(model, 'name', '?')} has none (num_nextn_predict_layers: 0 in its card): vLLM drafts "
                 "with the MTP layers of the target's own checkpoint; use eagle, eagle3, ngram or a draft model, or "
                 "a model card that declares num_nextn_predict_layers"
             )
         if self.method == "mtp" and n_predict > 0 and k > n_predict and k % n_predict:
-            raise ConfigError(
+            raise SettingError(
                 f"speculative_config.num_speculative_tokens: {k} must be divisible by n_predict={n_predict} "
                 f"(the MTP modules of model {getattr(model, 'name', '?')})"
             )

@@ -127,15 +127,20 @@ def iter_points(sweep: LoadedSweep) -> Iterator[Point]:
 
 
 def point_config(sweep: LoadedSweep, point: Point) -> dict[str, Any]:
-    """The run config of ``point``: the base with the variant's overrides, then the swept values, set.
+    """The run config of ``point``: the base with the variant's overrides, then the swept values, set
+    (a ``workload`` given as a workload file is read, as a run config's is).
 
     Raises:
-        ConfigError: an override runs into a non-mapping value of the base (names the sweep file).
+        ConfigError: an override runs into a non-mapping value of the base, or a workload file cannot be
+            read (names the sweep file).
     """
+    from servesim.config.models import inline_workload_file
+
     config = sweep.base
     for key, value in point.overrides().items():
         config = set_dotted(config, key, value, source=sweep.source)
-    return config
+    # a swept (or variant's) workload file, relative to the base config's folder as the base's own is
+    return inline_workload_file(config, sweep.base_dir, sweep.source)
 
 
 def seed_sequence(root_seed: int, point: Point, replication: int) -> np.random.SeedSequence:

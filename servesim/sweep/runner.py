@@ -155,7 +155,8 @@ def _load(sweep: str | Path | SweepConfig | LoadedSweep) -> LoadedSweep:
 def _check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
     """Refuse an output folder that holds another sweep's runs (its ``sweep.json`` names a sweep file of
     another name): the new sweep would replace the tables and leave the other's runs in ``points/``. A
-    changed grid of the same sweep file resumes as usual (changed points run again).
+    changed grid of the same sweep file resumes as usual (changed points run again), and a sweep given in
+    Python (a :class:`SweepConfig`, source ``"sweep"``) is not checked.
 
     Raises:
         ConfigError: one line naming the folder and both sweeps.
@@ -164,6 +165,8 @@ def _check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
         earlier = json.loads((out_dir / "sweep.json").read_text(encoding="utf-8")).get("source")
     except (OSError, ValueError, AttributeError):
         return  # no manifest (or not one servesim can read): nothing to protect
+    if "sweep" in (earlier, sweep.source):  # a SweepConfig given in Python has no file to tell it by
+        return
     if isinstance(earlier, str) and Path(earlier).name != Path(sweep.source).name:
         raise ConfigError(f"--out: {out_dir} holds the runs of another sweep ({earlier}); give {sweep.source} "
                           "another folder, or remove that one first")
