@@ -77,8 +77,8 @@ def test_cli_exit_codes(capsys):
                  "--max-size-difference", "0"]) == 1
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "size differs by 1"  # the lesson's wording, then both sides (it printed the draft's only)
-    assert lines[1].startswith("  target: ") and lines[1].endswith(", 12 tokens")
-    assert lines[2].startswith("  draft: ") and lines[2].endswith(", 13 tokens") and len(lines) == 3
+    assert lines[1].startswith("  target (target): type BPE") and lines[1].endswith(", 12 tokens")
+    assert lines[2].startswith("  draft (draft-padded): ") and lines[2].endswith(", 13 tokens") and len(lines) == 3
     assert main(["check-draft", str(DATA / "target"), str(DATA / "draft-padded"), "--check-start-id", "12"]) == 2
     assert capsys.readouterr().err == ("servesim: error: --check-start-id: 12 is beyond the vocabularies (12 and 13 "
                                        "tokens): no token text would be compared (expected below 12)\n")

@@ -212,6 +212,10 @@ def test_seed_is_drawn_from_the_content_keyed_child_sequence(tmp_path):
         ({"columns": {"engine.max_num_seqs": "output_throughput"}}, "the metric column 'output_throughput'"),
         # a value listed twice ran the point twice (two rows with one point_id)
         ({"grid": {"engine.max_num_seqs": [4, 8, 4]}}, "lists the value 4 twice"),
+        ({"grid": {"engine.max_num_seqs": [4, 4.0]}}, "lists the value 4.0 twice"),  # the same number
+        # a variant's key inside a swept key was replaced by the swept value: the variants ran alike
+        ({"grid": {"workload": [{"type": "poisson"}]}, "variants": {"fast": {"workload.rate": 30}, "slow": {}}},
+         "variant 'fast': 'workload.rate' lies inside swept key 'workload', whose swept values replace it"),
         ({"zip": [{"engine.max_num_batched_tokens": [512, 512], "engine.block_size": [16, 16]}]},
          "zip group 0 lists the values {'engine.max_num_batched_tokens': 512, 'engine.block_size': 16} twice"),
         ({"replications": 0}, "replications"),
@@ -314,7 +318,7 @@ def test_rerun_after_adding_points_runs_only_new_ones(tmp_path):
     assert new.iloc[1:].reset_index(drop=True).equals(old)
 
 
-def test_another_sweep_file_is_refused_in_a_sweeps_folder(tmp_path):
+def test_another_sweep_file_is_refused_in_a_sweeps_folder(tmp_path, capsys):
     """A different sweep into a sweep's folder replaced its tables and left its runs in points/."""
     sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 256]}}
     out = tmp_path / "out"
@@ -326,6 +330,12 @@ def test_another_sweep_file_is_refused_in_a_sweeps_folder(tmp_path):
     assert str(info.value) == (f"--out: {out} holds the runs of another sweep ({tmp_path / 'sweep.yaml'}); give "
                                f"{other} another folder, or remove that one first")
     assert (out / "summary.csv").read_bytes() == before
+    # the command refuses it before it prints the sweep's size
+    from servesim.cli import main
+
+    assert main(["sweep", str(other), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.startswith(f"servesim: error: --out: {out} holds the runs of another")
     # the same file with a changed grid resumes in its folder
     run_sweep(write_sweep(tmp_path, {**sweep, "grid": {"engine.max_num_seqs": [64, 128]}}), out, progress=False,
               simulate=fake_simulate)

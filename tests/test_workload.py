@@ -584,6 +584,13 @@ def test_a_run_config_names_a_workload_file_whose_paths_are_its_own(tmp_path):
     assert list(simulate(run, base_dir=tmp_path / "cfg").requests["arrival_s"]) == [0.0, 1.0]
     sweep = resolve_sweep(SweepConfig.model_validate({"base": "cfg/c.yaml", "grid": {"engine.max_num_seqs": [8]}}), tmp_path, "s")
     assert sweep.base["workload"] == {"type": "trace", "path": str((tmp_path / "wl" / "t.csv").resolve())}
+    # a mistake inside the workload file names the workload file (it named the run config)
+    (tmp_path / "wl" / "bad.yaml").write_text("type: trace\npath: t.csv\nrate_scale: -2\n")
+    (tmp_path / "cfg" / "c.yaml").write_text(yaml.safe_dump({**run, "workload": "../wl/bad.yaml"}))
+    with pytest.raises(ConfigError) as info:
+        load_config(tmp_path / "cfg" / "c.yaml")
+    assert str(info.value) == (f"{(tmp_path / 'wl' / 'bad.yaml').resolve()}: rate_scale: Input should be greater "
+                               "than 0 (got -2)")
     (tmp_path / "cfg" / "c.yaml").write_text(yaml.safe_dump({**run, "workload": "none.yaml"}))
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "cfg" / "c.yaml")

@@ -168,7 +168,7 @@ def _burst_note(result) -> str | None:
     return (f"note: at {at.rate:.4g} requests/s the run's {at.num_requests} requests arrive in "
             f"{at.num_requests / at.rate:.3g} s and are served at {at.request_throughput:.4g} requests/s: a burst "
             "drained after its arrivals, not a sustained load; give the workload more requests "
-            "(workload.num_requests, or a longer trace) before reading this as a capacity")
+            "(workload.num_requests, a longer trace, or a larger --max-requests) before reading this as a capacity")
 
 
 def plot_slo_attainment(frame, result, path: Path):

@@ -54,6 +54,6 @@ def run(args: argparse.Namespace) -> int:
     if verdict == "compatible":
         return 0
     for role, vocab in (("target", target), ("draft", draft)):  # both sides, for the rule that failed
-        print(f"  {role}: {vocab.name}: type {vocab.type}, BOS id {vocab.bos_id}, EOS id {vocab.eos_id}, add BOS "
+        print(f"  {role} ({vocab.name}): type {vocab.type}, BOS id {vocab.bos_id}, EOS id {vocab.eos_id}, add BOS "
               f"{vocab.add_bos}, add EOS {vocab.add_eos}, {vocab.size} tokens")
     return 1

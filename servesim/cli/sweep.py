@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 #: Runs (points x replications) a sweep may have without ``--yes``.
 MAX_RUNS_WITHOUT_YES = 10_000
@@ -39,11 +40,14 @@ def run(args: argparse.Namespace) -> int:
         ConfigError: invalid sweep file, ``--jobs`` or ``--executor`` (printed as one line by the CLI).
     """
     from servesim.sweep.executors import check_executor
-    from servesim.sweep.runner import count_runs, run_sweep
+    from servesim.sweep.runner import check_same_sweep, count_runs, run_sweep
     from servesim.sweep.spec import load_sweep
 
     loaded = load_sweep(args.sweep)
-    check_executor(args.executor, args.jobs)  # a bad --executor or --jobs before the sweep's size is printed
+    # a bad --executor or --jobs, or a folder of another sweep, before the sweep's size is printed
+    check_executor(args.executor, args.jobs)
+    if Path(args.out).is_dir():
+        check_same_sweep(Path(args.out), loaded)
     points, runs = count_runs(loaded)
     print(f"sweep: {points:,} point(s) x {loaded.config.replications} replication(s) = {runs:,} run(s)", flush=True)
     result = run_sweep(

@@ -300,7 +300,8 @@ def inline_workload_file(data: Any, folder: Path, source: str) -> Any:
         source: the run config, named in messages.
 
     Raises:
-        ConfigError: the workload file cannot be read, is invalid YAML, or is not a mapping.
+        ConfigError: the workload file cannot be read, is invalid YAML, is not a mapping, or is not a valid
+            workload (the message names the workload file and its field).
     """
     if not isinstance(data, dict) or not isinstance(data.get("workload"), str):
         return data
@@ -314,6 +315,10 @@ def inline_workload_file(data: Any, folder: Path, source: str) -> Any:
         raise ConfigError(f"{source}: workload: {exc}") from None
     if not isinstance(workload, dict):
         raise ConfigError(f"{source}: workload: {path} is not a workload (expected a mapping of workload keys)")
+    from servesim.input_files import validate
+    from servesim.workload.build import WorkloadFile
+
+    validate(WorkloadFile, workload, str(path))  # a mistake in the workload file names that file
 
     def absolute(node: Any) -> Any:
         if isinstance(node, dict):

@@ -152,7 +152,7 @@ def _load(sweep: str | Path | SweepConfig | LoadedSweep) -> LoadedSweep:
     return load_sweep(sweep)
 
 
-def _check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
+def check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
     """Refuse an output folder that holds another sweep's runs (its ``sweep.json`` names a sweep file of
     another name): the new sweep would replace the tables and leave the other's runs in ``points/``. A
     changed grid of the same sweep file resumes as usual (changed points run again), and a sweep given in
@@ -298,7 +298,7 @@ def run_sweep(
     if getattr(simulate, "__module__", "") == "servesim.api":
         _check_configs(loaded, show)  # a typo in a swept key fails here, once, before any run
     prepare_output_dir(out)  # before any run: an unwritable --out fails at once, in one line
-    _check_same_sweep(out, loaded)
+    check_same_sweep(out, loaded)
 
     resolver = InputResolver(loaded.base_dir)
     num_runs = count_runs(loaded)[1]

@@ -44,14 +44,25 @@ def _invalid(message: str) -> PydanticCustomError:
 
 
 def _repeated(rows: list[list[Any]]) -> list[Any] | None:
-    """The first row of values that appears twice in ``rows`` (compared as canonical JSON), or None."""
+    """The first row of values that appears twice in ``rows`` (compared as canonical JSON, a whole float
+    as its integer: ``4.0`` repeats ``4``), or None."""
     seen: set[str] = set()
     for row in rows:
-        text = json.dumps(row, sort_keys=True, default=str)
+        text = json.dumps(_whole_floats_as_ints(row), sort_keys=True, default=str)
         if text in seen:
             return row
         seen.add(text)
     return None
+
+
+def _whole_floats_as_ints(value: Any) -> Any:
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {key: _whole_floats_as_ints(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_whole_floats_as_ints(item) for item in value]
+    return value
 
 
 def _check_key(key: str) -> str:
@@ -143,6 +154,12 @@ class SweepConfig(InputModel):
             for other in keys:
                 if other != key and other.startswith(key + "."):
                     raise _invalid(f"swept key {other!r} lies inside swept key {key!r}")
+        for name, overrides in self.variants.items():  # the swept values are set after a variant's
+            for other in overrides:
+                for key in keys:
+                    if other == key or other.startswith(key + "."):
+                        raise _invalid(f"variant {name!r}: {other!r} lies inside swept key {key!r}, whose swept "
+                                       "values replace it (the variant would change nothing)")
         if self.baseline is not None:
             if self.baseline not in self.variants:
                 raise _invalid(f"baseline {self.baseline!r} is not one of the variants {list(self.variants)}")
