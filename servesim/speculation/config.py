@@ -64,7 +64,7 @@ from typing import Any, Literal
 from pydantic import ConfigDict, Field, model_validator
 
 from servesim.input_models import InputModel
-from servesim.errors import ConfigError, SettingError
+from servesim.errors import SettingError
 from servesim.speculation.schedule import validate_schedule
 
 SpecMethod = Literal["ngram", "draft_model", "eagle", "eagle3", "medusa", "mtp", "suffix"]
