@@ -187,9 +187,10 @@ def test_cards_refuse_an_infinite_number(tmp_path):
 ])
 def test_run_refuses_a_number_or_string_for_a_boolean(tmp_path, capsys, override, message):
     """pydantic's lax booleans read 0, 1 and "off" as false/true: as silent as true for a number."""
-    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
-    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--set", override]) == 2
-    assert capsys.readouterr().err == f"servesim: error: --set: {message}\n"
+    from test_user_mistakes import refused_run
+
+    _, err = refused_run(tmp_path, capsys, "--set", override)
+    assert err == f"servesim: error: --set: {message}\n"
 
 
 def test_whole_numbers_in_exponent_form_are_integers(tmp_path):

@@ -210,7 +210,7 @@ def test_a_workload_that_is_not_one_gets_a_plain_message(tmp_path, capsys, overr
     assert err == f"servesim: error: --set: {message}\n", err
 
 
-def _refused_run(tmp_path, capsys, *args: str, config: dict = SMALL) -> tuple:
+def refused_run(tmp_path, capsys, *args: str, config: dict = SMALL) -> tuple:
     """``servesim run`` on ``config`` with ``args``, which must fail with status 2: (config path, stderr)."""
     cfg = write_yaml(tmp_path / "c.yaml", config)
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", *args]) == 2
@@ -310,7 +310,7 @@ MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {typ
      "(got 99999999999999999999999)"),
 ])
 def test_extreme_workload_numbers_get_one_line(tmp_path, capsys, override, message):
-    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    cfg, err = refused_run(tmp_path, capsys, "--set", override)
     assert err == "servesim: error: " + message.format(cfg=cfg) + "\n"
 
 
@@ -397,11 +397,11 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
      "servesim's steps take at most 70.4 s"),
 ])
 def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
-    cfg, err = _refused_run(tmp_path, capsys, config=_with(override))
+    cfg, err = refused_run(tmp_path, capsys, config=_with(override))
     assert err == f"servesim: error: {cfg}: {message}\n"
     # the same value given by --set names --set when the message is about its key (the mistake is not in
     # the file); a message about a whole section (engine: ..., roofline: ...) still names the file
-    cfg, err = _refused_run(tmp_path, capsys, "--set", override)
+    cfg, err = refused_run(tmp_path, capsys, "--set", override)
     key, field = override.split("=", 1)[0], message.split(": ", 1)[0]
     named = "--set" if field == key or field.startswith(key + ".") else str(cfg)
     assert err == f"servesim: error: {named}: {message}\n"
@@ -422,7 +422,7 @@ def _with(assignment: str, config: dict = SMALL) -> dict:
      "peak_flops_per_s: {bf16: 1.0e+15}}", "hardware.memory_bytes: Input should be a finite number (got inf)"),
 ])
 def test_inline_cards_given_by_set_name_the_option_and_the_key(tmp_path, capsys, override, message):
-    _, err = _refused_run(tmp_path, capsys, "--set", override)
+    _, err = refused_run(tmp_path, capsys, "--set", override)
     assert err == f"servesim: error: --set: {message}\n"
 
 
@@ -434,12 +434,12 @@ def test_inline_cards_given_by_set_name_the_option_and_the_key(tmp_path, capsys,
 ])
 def test_a_bad_value_given_by_set_names_set_not_the_file(tmp_path, capsys, override, message):
     """A --set mistake was reported as the config file's ('c.yaml: engine.max_num_seqs: ...')."""
-    _, err = _refused_run(tmp_path, capsys, "--set", override)
+    _, err = refused_run(tmp_path, capsys, "--set", override)
     assert err == f"servesim: error: {message}\n"
 
 
 def test_a_mistake_in_the_file_still_names_the_file_beside_a_set(tmp_path, capsys):
-    cfg, err = _refused_run(tmp_path, capsys, "--set", "engine.max_num_seqs=8",
+    cfg, err = refused_run(tmp_path, capsys, "--set", "engine.max_num_seqs=8",
                             config={**SMALL, "engine": {"max_num_batched_tokenz": 64}})
     assert err == (f"servesim: error: {cfg}: engine.max_num_batched_tokenz: unknown key (did you mean "
                    "max_num_batched_tokens?)\n")
@@ -495,7 +495,7 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
                                        "clock (got 1e+300)"),
 ])
 def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, message):
-    cfg, err = _refused_run(tmp_path, capsys, config=_with(override))
+    cfg, err = refused_run(tmp_path, capsys, config=_with(override))
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
 
 
@@ -506,7 +506,7 @@ def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, m
 ])
 def test_acceptance_errors_name_the_config_file(tmp_path, capsys, acceptance, message):
     spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": acceptance}
-    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
 
 
@@ -519,7 +519,7 @@ def test_acceptance_errors_name_the_config_file(tmp_path, capsys, acceptance, me
 def test_draft_card_errors_name_the_config_file_and_key(tmp_path, capsys, spec, message):
     # were "unknown model card 'nosuch'" and "inline model card: ...", naming neither
     spec = {**spec, "num_speculative_tokens": 2, "acceptance": {"alpha": 0.5}}
-    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
 
 
@@ -584,7 +584,7 @@ def test_more_jobs_than_the_cpus_can_run_are_refused_before_forking(tmp_path, ca
 def test_a_synthetic_workload_without_arrivals_is_refused(tmp_path, capsys):
     """A duration_s shorter than the first Poisson gap ran nothing and wrote empty results (exit 0)."""
     workload = {**SMALL["workload"], "type": "poisson", "rate": 1.0, "num_requests": None, "duration_s": 0.001}
-    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "workload": workload})
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, "workload": workload})
     assert err == (f"servesim: error: {cfg}: workload.duration_s: no request arrives in 0.001 s at 1 req/s (with "
                    "this seed): lengthen duration_s or raise the rate\n")
     assert not (tmp_path / "o" / "summary.json").exists()
@@ -616,11 +616,11 @@ def test_mtp_without_mtp_modules_names_where_the_method_came_from(tmp_path, caps
 
     spec = {"method": "mtp", "num_speculative_tokens": 1}
     message = "speculative_config.method: mtp needs a target with MTP modules, and model Llama-3.1-8B has none"
-    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
     assert err.startswith(f"servesim: error: {cfg}: {message}")
-    _, err = _refused_run(tmp_path, capsys, "--speculative-config", json.dumps(spec))
+    _, err = refused_run(tmp_path, capsys, "--speculative-config", json.dumps(spec))
     assert err.startswith(f"servesim: error: --speculative-config: {message}")
-    _, err = _refused_run(tmp_path, capsys, "--set", "speculative_config.method=mtp",
+    _, err = refused_run(tmp_path, capsys, "--set", "speculative_config.method=mtp",
                           config={**SMALL, "speculative_config": {**spec, "method": "eagle"}})
     assert err.startswith(f"servesim: error: --set: {message}")
 
@@ -629,7 +629,7 @@ def test_a_sections_check_of_a_key_set_by_set_names_set(tmp_path, capsys):
     """workload: bucket_policy: ... (a check of the whole workload about one key) named the file."""
     (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0000000,10,5\n")
     config = {**SMALL, "workload": {"type": "trace", "path": "t.csv"}}
-    _, err = _refused_run(tmp_path, capsys, "--set", "workload.bucket_policy=burst", config=config)
+    _, err = refused_run(tmp_path, capsys, "--set", "workload.bucket_policy=burst", config=config)
     assert err.startswith("servesim: error: --set: workload: bucket_policy: only Mooncake traces")
 
 

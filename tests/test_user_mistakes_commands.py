@@ -11,7 +11,7 @@ from servesim.cli import main
 
 from test_cli import write_yaml
 from test_robustness_cli import SMALL
-from test_user_mistakes import _refused_run
+from test_user_mistakes import refused_run
 
 
 @pytest.mark.parametrize("spec, message", [
@@ -158,7 +158,7 @@ def test_a_run_config_given_to_validate_is_named_as_one(tmp_path, capsys):
 
 def test_a_set_key_below_a_value_names_the_option(tmp_path, capsys):
     # was "override: cannot set ...", naming no option or file
-    _, err = _refused_run(tmp_path, capsys, "--set", "workload.num_requests.x=3")
+    _, err = refused_run(tmp_path, capsys, "--set", "workload.num_requests.x=3")
     assert err == ("servesim: error: --set: cannot set 'workload.num_requests.x': 'workload.num_requests' holds 40 "
                    "(int), not a mapping\n")
 
@@ -197,7 +197,7 @@ def test_a_sweep_that_changes_its_table_removes_the_earlier_plots(tmp_path, caps
 def test_the_alpha_shorthand_with_another_key_names_the_extra_key(tmp_path, capsys):
     # was "speculative_config.acceptance: alpha: unknown key [and 1 more error]": alpha is the known key
     spec = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": {"alpha": 0.5, "decay": 3}}
-    cfg, err = _refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, "speculative_config": spec})
     assert err == (f"servesim: error: {cfg}: speculative_config.acceptance: the shorthand {{alpha: RATE}} takes no "
                    "other key (got decay); give a profile mapping (conditional_acceptance: [RATE], ...) for more\n")
 

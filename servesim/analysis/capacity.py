@@ -47,6 +47,9 @@ import numpy as np
 from servesim.config.models import SimConfig
 from servesim.errors import ConfigError, SettingError, naming_settings_of
 
+#: Most replicas :meth:`CapacitySearch.min_replicas` tries unless told otherwise (``--max-replicas``).
+DEFAULT_MAX_REPLICAS = 64
+
 METRICS = ("ttft", "tpot", "itl", "e2e", "queue")
 STATS = ("mean", "p50", "p90", "p95", "p99")
 #: Metrics that also have a per-request objective (used for the SLO attainment / goodput).
@@ -404,7 +407,7 @@ class CapacitySearch:
         except ServesimError as exc:
             return None, f"at {rate:.4g} requests/s, which cannot be simulated ({exc})"
 
-    def min_replicas(self, target_rate: float, *, max_replicas: int = 64) -> CapacityResult:
+    def min_replicas(self, target_rate: float, *, max_replicas: int = DEFAULT_MAX_REPLICAS) -> CapacityResult:
         """Fewest replicas that pass at ``target_rate`` (requests/s); see the module docstring.
 
         Raises:

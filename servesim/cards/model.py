@@ -529,8 +529,10 @@ class ModelCard(InputModel):
         (``get_num_kv_heads``), ``v1/kv_cache_interface.py`` (page size per layer).
         """
         tp = int(tensor_parallel_size)
-        if self.is_explicit or self.attention == "mla":
-            return float(self.kv_bytes_per_token) / (tp if self.is_explicit else 1)
+        if self.is_explicit:
+            return float(self.kv_bytes_per_token) / tp
+        if self.attention == "mla":
+            return float(self.kv_bytes_per_token)
         assert self.num_key_value_heads is not None
         return float(2 * self.num_full_attention_layers * self.kv_heads_per_gpu(tp) * self.resolved_head_dim
                      * self.kv_bytes_per_element)

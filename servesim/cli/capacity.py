@@ -26,12 +26,10 @@ from servesim.cli import COMMAND_OUTPUTS
 CAPACITY_OUTPUTS = COMMAND_OUTPUTS["capacity"]
 
 
-#: Most replicas ``--replicas`` tries unless ``--max-replicas`` says otherwise.
-DEFAULT_MAX_REPLICAS = 64
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``capacity`` options to ``parser``."""
+    from servesim.analysis.capacity import DEFAULT_MAX_REPLICAS
+
     parser.add_argument("config", help="run config (YAML) with an open-loop workload (trace, poisson, gamma)")
     parser.add_argument("--slo", action="append", default=[], required=True, metavar="METRIC_STAT=SECONDS",
                         help="objective, e.g. ttft_p99=0.5 or tpot_p99=0.05 (repeatable; metrics ttft, tpot, itl, "
@@ -96,8 +94,8 @@ def run(args: argparse.Namespace) -> int:
                             progress=progress)
     with replacing_outputs(out, CAPACITY_OUTPUTS):  # failed or interrupted, searching or writing: no outputs left
         if args.replicas is not None:
-            most = DEFAULT_MAX_REPLICAS if args.max_replicas is None else args.max_replicas
-            result = search.min_replicas(args.replicas, max_replicas=most)
+            result = (search.min_replicas(args.replicas) if args.max_replicas is None
+                      else search.min_replicas(args.replicas, max_replicas=args.max_replicas))
         else:
             result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
         frame = capacity_frame(result)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,24 +24,11 @@ from typing import Any
 import numpy as np
 
 from servesim.config.overrides import set_dotted
+from servesim.sweep.canonical import canonical_json
 from servesim.sweep.spec import LoadedSweep
 
 #: Variant name of every point of a sweep that declares no variants.
 DEFAULT_VARIANT = "default"
-
-
-def _plain(value: Any) -> Any:
-    # Canonical form for hashing: mapping keys as strings (YAML allows int keys), tuples as lists.
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def canonical_json(value: Any) -> str:
-    """JSON text with sorted keys and no spaces: equal content gives equal text (the hash input)."""
-    return json.dumps(_plain(value), sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=True)
 
 
 @dataclass(frozen=True)

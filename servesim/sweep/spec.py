@@ -22,7 +22,6 @@ Points are grid x zip groups x variants (see :mod:`servesim.sweep.points`); each
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from servesim.input_models import InputModel
 from servesim.input_files import load_yaml, validate
 from servesim.config.overrides import split_key
 from servesim.errors import ConfigError
+from servesim.sweep.canonical import canonical_json
 
 #: Columns of summary.csv that the runner writes itself; a swept key may not take one of these names.
 RESERVED_COLUMNS = ("variant", "replication", "seed", "point_id")
@@ -44,11 +44,12 @@ def _invalid(message: str) -> PydanticCustomError:
 
 
 def _repeated(rows: list[list[Any]]) -> list[Any] | None:
-    """The first row of values that appears twice in ``rows`` (compared as canonical JSON, a whole float
-    as its integer: ``4.0`` repeats ``4``), or None."""
+    """The first row of values that appears twice in ``rows`` (compared as the points' canonical JSON,
+    :func:`servesim.sweep.canonical.canonical_json`, a whole float as its integer: ``4.0`` repeats ``4``),
+    or None."""
     seen: set[str] = set()
     for row in rows:
-        text = json.dumps(_whole_floats_as_ints(row), sort_keys=True, default=str)
+        text = canonical_json(_whole_floats_as_ints(row))
         if text in seen:
             return row
         seen.add(text)
