@@ -407,6 +407,25 @@ def test_cards_path_env_var(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     assert "llama-3.1-8b" in available_models()
 
 
+def test_an_install_without_the_clones_cards_says_where_they_live(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    # a non-editable install (pip install .) has the package but not the clone's hardware/ folder
+    import servesim.cards.loading as loading
+
+    monkeypatch.delenv("SERVESIM_CARDS_PATH", raising=False)
+    monkeypatch.setattr(loading, "_repo_hardware_dir", lambda: tmp_path / "hardware")
+    clear_card_cache()
+    try:
+        with pytest.raises(ConfigError) as excinfo:
+            load_hardware("h100-sxm", source="run.yaml: hardware")
+        msg = _one_line_error(excinfo)
+        assert msg.startswith("run.yaml: hardware: unknown hardware card 'h100-sxm'")
+        assert "none found - the shipped cards live in the clone's hardware/ folder" in msg
+        assert "pip install -e ." in msg and "$SERVESIM_CARDS_PATH" in msg
+    finally:
+        clear_card_cache()
+
+
 def test_hf_config_json_matches_shipped_card() -> None:
     hf = load_model(DATA / "llama-like" / "config.json")
     ship = load_model("llama-3.1-8b")

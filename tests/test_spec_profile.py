@@ -193,3 +193,16 @@ def test_load_profile_forms(tmp_path):
     with pytest.raises(ConfigError):
         load_profile({"alpha": 1.5})
     assert profiles_dir().name == "acceptance" and profiles_dir().parent.name == "workloads"
+
+
+def test_an_install_without_the_clones_profiles_says_where_they_live(tmp_path, monkeypatch):
+    # a non-editable install (pip install .) has the package but not the clone's workloads/acceptance/
+    import servesim.speculation.profile as profile
+
+    monkeypatch.setattr(profile, "profiles_dir", lambda: tmp_path / "acceptance")
+    with pytest.raises(ConfigError) as excinfo:
+        profile.load_profile("eagle-llama3.1-8b-sharegpt-k3", source="run.yaml: speculative_config.acceptance")
+    message = str(excinfo.value)
+    assert message.startswith("run.yaml: speculative_config.acceptance: unknown acceptance profile "
+                              "'eagle-llama3.1-8b-sharegpt-k3' (expected one of: none shipped beside this install")
+    assert "workloads/acceptance/" in message and "pip install -e ." in message

@@ -105,6 +105,10 @@ def _find_shipped(kind: Kind, name: str, source: str | None) -> BaseModel:
                 return card
     where = f"{source}: " if source else ""
     names = ", ".join(sorted(p.stem for p in files.values())) or "none found"
+    if not files and not os.environ.get(ENV_VAR):
+        # a non-editable install (pip install .) has the package without the clone's hardware/ folder
+        names += (f" - the shipped cards live in the clone's hardware/ folder: install the clone editable "
+                  f"(pip install -e .) or set ${ENV_VAR} to that folder")
     folders = os.pathsep.join(str(d / kind) for d in cards_dirs())
     raise ConfigError(
         f"{where}unknown {_KIND_WORD[kind]} card {name!r} (available in {folders}: {names}; "

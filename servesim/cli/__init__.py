@@ -10,7 +10,7 @@ used (start-up time matters: ``servesim run`` must finish a whole trace in about
 from __future__ import annotations
 
 import argparse
-import importlib
+import importlib.util
 import signal
 import sys
 import threading
