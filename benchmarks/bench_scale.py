@@ -48,7 +48,7 @@ def bench(sizes: list[int], repeats: int, large_repeats: int, variants: list[boo
     figures: dict = {"benchmark": "bench_scale", "config": str(CONFIG.relative_to(ROOT)), "machine": machine(),
                      "runs": [], "growth": {}}
     print(f"servesim run --no-plot, {CONFIG.name}, {figures['machine']['cpus']} CPUs, "
-          f"load {figures['machine']['load_average_1min']:.2f}")
+          f"load {figures['machine']['load_average_1min']:.2f}, engine {figures['machine']['compiled_engine']}")
     print(f"{'requests':>9} {'speculation':>11} {'wall s':>8} {'range':>13} {'req / wall s':>12} {'peak MB':>8} "
           f"{'/ import numpy':>14} {'/ loop':>7}")
     for spec in variants:

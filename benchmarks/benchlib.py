@@ -107,7 +107,18 @@ def machine() -> dict:
     servesim's bytecode is cached (:func:`bytecode_cached`)."""
     return {"cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
             "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": sys.version.split()[0],
-            "bytecode_cached": bytecode_cached(), "PYTHONDONTWRITEBYTECODE": bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))}
+            "bytecode_cached": bytecode_cached(), "PYTHONDONTWRITEBYTECODE": bool(os.environ.get("PYTHONDONTWRITEBYTECODE")),
+            "compiled_engine": compiled_engine()}
+
+
+def compiled_engine() -> str:
+    """Whether the engine runs compiled (setup.py's optional Cython build; servesim.compiled) in a child
+    run: ``"compiled"``, ``"interpreted"`` ($SERVESIM_PURE_PYTHON set, or a pure-Python install) or
+    ``"partly compiled"`` (sources edited since the build)."""
+    code = "from servesim.compiled import compiled_modules as c; m = c(); print(sum(m.values()), len(m))"
+    done, total = map(int, subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                          check=True).stdout.split())
+    return "compiled" if total and done == total else "partly compiled" if done else "interpreted"
 
 
 def bytecode_cached() -> bool:

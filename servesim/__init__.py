@@ -16,7 +16,11 @@ __version__ = "0.1.0"
 __all__ = ["simulate", "Result", "SimConfig", "load_config", "ServesimError", "__version__"]
 
 
+from servesim.compiled import install_guard
 from servesim.lazy_exports import lazy_exports
+
+# a compiled module whose source was edited since the build runs from its source (servesim.compiled)
+install_guard()
 
 # Lazy re-exports keep `import servesim` cheap (the CLI's start-up time counts).
 __getattr__, __dir__ = lazy_exports(__name__, {

@@ -1,0 +1,98 @@
+"""The optional Cython build (setup.py, servesim.compiled): compiled modules give the interpreted ones'
+results bit for bit, and a module whose source changed since the build runs from its source.
+
+The equality test needs a compiled install; on a pure-Python one (no Cython or C compiler at build time)
+it is skipped, unless ``$SERVESIM_REQUIRE_COMPILED`` is set (``.ci/run`` sets it: CI builds the compiled
+engine and must test it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from servesim import compiled
+
+ROOT = Path(__file__).resolve().parents[1]
+AZURE = ROOT / "experiments" / "azure-conv-llama8b-h100.yaml"
+EAGLE = '{"method": "eagle", "num_speculative_tokens": 3, "acceptance": "eagle-llama3.1-8b-sharegpt-k3"}'
+RUNS = {
+    # full KV cache, preemptions, chunked prefill
+    "plain-4x": [str(AZURE), "--set", "workload.rate_scale=4", "--set", "workload.max_requests=2500"],
+    "eagle-4x-async": [str(AZURE), "--set", "workload.rate_scale=4", "--set", "workload.max_requests=1500",
+                       "--set", "engine.async_scheduling=true", "--speculative-config", EAGLE],
+    "prefix-caching": [str(ROOT / "experiments" / "prefix-caching" / "mooncake-conv-llama8b-h100.yaml"),
+                       "--set", "workload.max_requests=1500"],
+}
+
+
+def _run(args: list[str], out: Path, pure: bool) -> dict[str, bytes]:
+    env = {key: value for key, value in os.environ.items() if key != compiled.PURE_PYTHON_VAR}
+    if pure:
+        env[compiled.PURE_PYTHON_VAR] = "1"
+    code = ("import sys; from servesim.cli import main; from servesim.compiled import compiled_modules; "
+            "code = main(); print('COMPILED', sorted(n for n, c in compiled_modules().items() if c)); "
+            "sys.exit(code)")
+    proc = subprocess.run([sys.executable, "-c", code, "run", *args, "--out", str(out), "--no-plot", "--quiet"],
+                          capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    files = {name: (out / name).read_bytes() for name in ("summary.json", "requests.csv", "steps.csv")}
+    files["compiled"] = proc.stdout.strip().encode()
+    return files
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_compiled_engine_equals_the_interpreted_one_bit_for_bit(name: str, tmp_path: Path) -> None:
+    if not compiled.built_modules():
+        if os.environ.get("SERVESIM_REQUIRE_COMPILED"):
+            pytest.fail("no compiled modules (the package's _compiled.json): the Cython build did not run")
+        pytest.skip("a pure-Python install (no Cython or C compiler when it was built): nothing to compare")
+    fast = _run(RUNS[name], tmp_path / "compiled", pure=False)
+    slow = _run(RUNS[name], tmp_path / "pure", pure=True)
+    assert fast.pop("compiled") == f"COMPILED {sorted(compiled.built_modules())}".encode()
+    assert slow.pop("compiled") == b"COMPILED []"
+    for file in fast:
+        assert fast[file] == slow[file], f"{name}: {file} differs between compiled and interpreted modules"
+
+
+def test_a_changed_source_is_imported_from_its_py_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    source = ROOT / "servesim" / "heap.py"
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    monkeypatch.delenv(compiled.PURE_PYTHON_VAR, raising=False)
+    # the recorded hash matches: left to the usual finders (the compiled file where there is one)
+    assert compiled.SourceWhenStale({"servesim.heap": digest}).find_spec("servesim.heap") is None
+    # the source changed since the build: its .py file
+    spec = compiled.SourceWhenStale({"servesim.heap": "0" * 64}).find_spec("servesim.heap")
+    assert spec is not None and Path(spec.origin) == source
+    # $SERVESIM_PURE_PYTHON: the .py file, whatever the hash ("0" means unset)
+    monkeypatch.setenv(compiled.PURE_PYTHON_VAR, "1")
+    spec = compiled.SourceWhenStale({"servesim.heap": digest}).find_spec("servesim.heap")
+    assert spec is not None and Path(spec.origin) == source
+    monkeypatch.setenv(compiled.PURE_PYTHON_VAR, "0")
+    assert compiled.SourceWhenStale({"servesim.heap": digest}).find_spec("servesim.heap") is None
+    # modules the build did not compile are not its business
+    assert compiled.SourceWhenStale({"servesim.heap": "0" * 64}).find_spec("servesim.roofline") is None
+
+
+def test_an_edited_compiled_module_runs_as_written(tmp_path: Path) -> None:
+    # the guard is installed by `import servesim`: a changed hash makes the child import heap.py itself
+    recorded = compiled.built_modules()
+    if "servesim.heap" not in recorded:
+        if os.environ.get("SERVESIM_REQUIRE_COMPILED"):
+            pytest.fail("servesim.heap was not compiled: the Cython build did not run")
+        pytest.skip("a pure-Python install: no compiled module to shadow an edit")
+    code = ("import json, sys; import servesim.compiled as c; "
+            "c.built_modules = lambda: {'servesim.heap': '0' * 64}; "
+            "[f for f in sys.meta_path if isinstance(f, c.SourceWhenStale)][0].recorded = c.built_modules(); "
+            "import servesim.heap as h; print(h.__file__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().endswith("heap.py")
+    plain = subprocess.run([sys.executable, "-c", "import servesim.heap as h; print(h.__file__)"],
+                           capture_output=True, text=True)
+    assert not plain.stdout.strip().endswith(".py"), plain.stdout
