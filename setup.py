@@ -34,7 +34,7 @@ COMPILED = [
 #: Cython settings that keep Python's semantics (the compiled engine must equal the interpreted one).
 DIRECTIVES = {"language_level": 3, "infer_types": False, "annotation_typing": False, "cpow": True,
               "binding": True}
-MANIFEST = "_compiled.json"
+MANIFEST = "_compiled.json"  # servesim.compiled.MANIFEST's file name
 
 
 def _source(name: str) -> Path:
@@ -58,6 +58,7 @@ class BuildCompiled(build_ext):
 
 
 def _extensions() -> list[Extension]:
+    # the rule of servesim.compiled.pure_python_requested (setup.py does not import the package it builds)
     if os.environ.get("SERVESIM_PURE_PYTHON", "") not in ("", "0"):
         return []
     try:

@@ -147,7 +147,6 @@ def test_console_script_exit_status(tmp_path):
     assert "Traceback" not in proc.stderr and "seed" in proc.stderr
 
 
-
 def test_the_cli_starts_where_nothing_imported_importlib_util_before_it():
     # an editable install's path hook imports importlib.util at start-up; a plain `pip install .` into a
     # clean venv does not, and `importlib.util` is then no attribute of `importlib` until imported by name
@@ -157,6 +156,7 @@ def test_the_cli_starts_where_nothing_imported_importlib_util_before_it():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert "Traceback" not in proc.stderr and "run" in proc.stdout
+
 
 def test_out_is_a_file_and_negative_seed(tmp_path, capsys):
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)

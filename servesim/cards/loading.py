@@ -107,7 +107,7 @@ def _find_shipped(kind: Kind, name: str, source: str | None) -> BaseModel:
     names = ", ".join(sorted(p.stem for p in files.values())) or "none found"
     if not files and not os.environ.get(ENV_VAR):
         # a non-editable install (pip install .) has the package without the clone's hardware/ folder
-        names += (f" - the shipped cards live in the clone's hardware/ folder: install the clone editable "
+        names += (" - the shipped cards live in the clone's hardware/ folder: install the clone editable "
                   f"(pip install -e .) or set ${ENV_VAR} to that folder")
     folders = os.pathsep.join(str(d / kind) for d in cards_dirs())
     raise ConfigError(

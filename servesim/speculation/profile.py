@@ -450,8 +450,8 @@ def load_profile(spec: Any, base_dir: str | Path | None = None, source: str = "a
         if not path.is_file():
             # a non-editable install (pip install .) has the package without the clone's workloads/ folder
             names = ", ".join(available_profiles()) or (
-                f"none shipped beside this install: the profiles live in the clone's workloads/acceptance/ "
-                f"folder; install the clone editable (pip install -e .) or give the profile file's path")
+                "none shipped beside this install: the profiles live in the clone's workloads/acceptance/ "
+                "folder; install the clone editable (pip install -e .) or give the profile file's path")
             raise ConfigError(f"{source}: unknown acceptance profile {spec!r} (expected one of: {names})")
         return _from_file(path)
     if isinstance(spec, dict) and set(spec) == {"alpha"}:
