@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from servesim.engine.core import Engine
+import test_prefix_caching
 from test_prefix_caching import run_spec
 
 # Requests 0 and 1: prompts 3 and 2, 12 output tokens each, accepting no draft. Request 2: prompt 1, 3
@@ -18,23 +19,24 @@ CASE = dict(prompt=[3, 2, 1], output=[12, 12, 3], arrival_s=[0.0, 0.0, 0.0], met
             accept=[[0] * 30, [0] * 30, [2] * 5], kv_blocks=7, block_size=4, async_scheduling=True)
 
 
-_PREEMPT_AGGREGATED = Engine._preempt_aggregated
-
-
 def _run(mode: str, monkeypatch) -> tuple[Engine, list[int]]:
     removed: list[int] = []
-    original = _PREEMPT_AGGREGATED
 
-    def recording(self, g, new_blocks, need_partial, partial_scheduled, zombies=None):
-        before = set(zombies or ())
-        out = original(self, g, new_blocks, need_partial, partial_scheduled, zombies)
-        removed.extend(sorted(before - set(zombies or ())))
-        return out
+    class RecordingEngine(Engine):
+        """Notes the repeated finished requests each aggregated preemption removes (a subclass: the compiled
+        Engine's type cannot be patched)."""
 
-    monkeypatch.setattr(Engine, "_preempt_aggregated", recording)
+        def _preempt_aggregated(self, g, new_blocks, need_partial, partial_scheduled, zombies=None):
+            before = set(zombies or ())
+            out = super()._preempt_aggregated(g, new_blocks, need_partial, partial_scheduled, zombies)
+            removed.extend(sorted(before - set(zombies or ())))
+            return out
+
+    monkeypatch.setattr(test_prefix_caching, "Engine", RecordingEngine)
     engine = run_spec(CASE["prompt"], CASE["output"], CASE["arrival_s"], mode, CASE["method"], CASE["k"],
                       CASE["accept"], kv_blocks=CASE["kv_blocks"], block_size=CASE["block_size"],
                       async_scheduling=CASE["async_scheduling"])
+    assert type(engine) is RecordingEngine
     return engine, removed
 
 

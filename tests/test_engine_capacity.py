@@ -77,15 +77,16 @@ def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
 def test_a_stall_is_a_one_line_error_naming_the_request(monkeypatch):
     # Make the cache shrink under a running engine (the constructor's checks make a stall unreachable
     # otherwise): the stuck request and the settings to change are named, no traceback-only ValueError.
+    from servesim.engine import speculative_decoding
     from servesim.engine.speculative_decoding import SpeculativeDecoding
 
-    original = SpeculativeDecoding.check_peak_fits
+    class ShrinkingAfterCheck(SpeculativeDecoding):  # a subclass: the compiled class cannot be patched
+        def check_peak_fits(self):
+            super().check_peak_fits()
+            self.engine.total_blocks = self.engine.free_blocks = 64
 
-    def shrink_after_check(self):
-        original(self)
-        self.engine.total_blocks = self.engine.free_blocks = 64
-
-    monkeypatch.setattr(SpeculativeDecoding, "check_peak_fits", shrink_after_check)
+    # (the engine imports the class from its module when it is built)
+    monkeypatch.setattr(speculative_decoding, "SpeculativeDecoding", ShrinkingAfterCheck)
     for mode in ("run", "step"):
         with pytest.raises(ConfigError) as err:
             simulate(config(CASES[0][0], 900, 124, 65, mode))
