@@ -19,7 +19,8 @@ def atomic_file(path: str | Path, mode: str = "wb", *, fsync: bool = False, **op
     """Open a temporary file beside ``path``; on success replace ``path`` with it (:func:`os.replace`).
 
     The temporary file (``.<name>.*.tmp``) is removed if the block raises; ``path`` then keeps its
-    previous content (or does not exist). The folder is created if missing.
+    previous content (or does not exist). The folder is created if missing. An :class:`OSError` that names
+    no file (a write to a full disk) is given ``path`` as its ``filename``.
 
     Args:
         path: the file to write.
@@ -40,11 +41,13 @@ def atomic_file(path: str | Path, mode: str = "wb", *, fsync: bool = False, **op
                 handle.flush()
                 os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(exc, OSError) and exc.filename is None:
+            exc.filename = str(path)  # a failed write (a full disk) says which file it was writing
         raise
 
 
@@ -137,14 +140,19 @@ def remove_stale(folder: str | Path, names: list[str]) -> None:
 
 
 @contextmanager
-def replacing_outputs(folder: str | Path, names: tuple[str, ...] | list[str]) -> Iterator[None]:
-    """The block computes new versions of the outputs ``names`` in ``folder``; if it raises (a failed
-    simulation, Ctrl-C), the earlier run's files are removed, so that none is left looking like the result
-    of the command that failed.
+def replacing_outputs(folder: str | Path, names: tuple[str, ...] | list[str], *, before: bool = True
+                      ) -> Iterator[None]:
+    """The block computes new versions of the outputs ``names`` in ``folder``. The earlier run's files are
+    removed before it starts (``before``), so that none is left looking like the result of this command if
+    it fails, is interrupted (Ctrl-C) or killed (SIGKILL, out of memory: nothing can clean up then); and
+    again if the block raises (a file it wrote before failing). ``before=False`` keeps them while the block
+    runs (a sweep, which keeps the figures of a table it writes again unchanged, removes them itself).
 
     Raises:
         whatever the block raises; ConfigError if a file cannot be removed.
     """
+    if before:
+        remove_stale(folder, list(names))
     try:
         yield
     except BaseException:

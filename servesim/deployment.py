@@ -5,7 +5,9 @@ Design:
 * Every replica is its own :class:`~servesim.engine.core.Engine` (its own scheduler, KV cache and step
   clock), built over ALL N requests of the workload (the full token arrays), and only ever receives the
   ids the router sends it (:mod:`servesim.engine.router`). Request ids are global everywhere; memory is
-  O(R N) small lists (fine for R <= 64).
+  O(R N) small lists (fine for R <= 64), and every idle replica wakes at every arrival (time O(R N)):
+  beyond :data:`MAX_REPLICAS` replicas or :data:`MAX_REPLICA_REQUESTS` replicas x requests a deployment
+  is refused (:func:`check_deployment_size`).
 * The environment's clock counts integer picoseconds, the engine's own unit, so that events of different
   replicas at the same instant compare exactly equal. Each engine's SimPy process runs unchanged on a thin
   adapter (:class:`_ReplicaClock`) that turns its waits, which it expresses in seconds, back into the
@@ -266,6 +268,32 @@ def prefix_aware_routing(
     )
 
 
+MAX_REPLICAS = 4096
+"""Most replicas one deployment simulates: each is a whole engine (its KV-block pool, its SimPy process)."""
+
+MAX_REPLICA_REQUESTS = 2 * 10**7
+"""Most replicas x requests: every replica is built over all N requests of the workload and wakes at every
+arrival (memory and time O(replicas x requests); 2 x 10^7 is a few GB and minutes)."""
+
+
+def check_deployment_size(replicas: int, num_requests: int) -> None:
+    """Refuse a deployment beyond :data:`MAX_REPLICAS` or :data:`MAX_REPLICA_REQUESTS`, in one line, rather
+    than run for hours or out of memory.
+
+    Raises:
+        SettingError: naming ``deployment.replicas``, the workload's size and the limits.
+    """
+    from servesim.errors import SettingError
+
+    if replicas > MAX_REPLICAS or replicas * num_requests > MAX_REPLICA_REQUESTS:
+        raise SettingError(
+            f"deployment.replicas: {replicas} replicas of a {num_requests}-request workload; servesim builds every "
+            f"replica over the whole workload (memory and time grow with replicas x requests) and simulates at "
+            f"most {MAX_REPLICAS:,} replicas and {MAX_REPLICA_REQUESTS:,} replicas x requests: simulate fewer "
+            "replicas with their share of the traffic (workload.rate_scale)"
+        )
+
+
 def build_deployment(cfg, folder: Path, root: np.random.SeedSequence):
     """Build ``cfg.deployment.replicas`` replicas of the config's server behind its router.
 
@@ -288,6 +316,7 @@ def build_deployment(cfg, folder: Path, root: np.random.SeedSequence):
 
     p = prepare(cfg, folder, root)
     dep = cfg.deployment
+    check_deployment_size(dep.replicas, len(p.workload.prompt_tokens))
     info = dict(p.info)
     routing = None
     if dep.router == "prefix_aware":

@@ -50,8 +50,9 @@ def named_by_set(exc: ServesimError, source: str | None, set_keys: list[str]) ->
     """``exc`` (``source: field: message``) as ``--set: field: message`` when ``field`` is a key ``--set``
     gave, lies inside one, or (below the top level) holds one (``--set engine.max_num_seqs.x=1`` made
     ``engine.max_num_seqs`` a mapping), or when a section's check names a key ``--set`` gave first
-    (``workload: bucket_policy: ...``): the mistake is in the command line, not in the file; else ``exc``
-    unchanged (same type)."""
+    (``workload: bucket_policy: ...``): the mistake is in the command line, not in the file. As ``source
+    with --set KEY: field: message`` when ``field`` is a top-level section holding keys ``--set`` gave (its
+    check may be about them or about the file's other keys); else ``exc`` unchanged (same type)."""
     text = str(exc)
     prefix = f"{source}: " if source is not None else ""
     if not set_keys or not text.startswith(prefix):
@@ -69,6 +70,11 @@ def named_by_set(exc: ServesimError, source: str | None, set_keys: list[str]) ->
         if (field == key or field.startswith(key + ".") or ("." in field and key.startswith(field + "."))
                 or inner is not None and (inner == key or inner.startswith(key + "."))):
             return type(exc)(f"--set: {rest}")
+    # a check of a whole section (``engine: max_num_batched_tokens (8192) must be >= max_num_seqs (99999)``)
+    # that holds a key --set gave: the file and the command line together made the mistake
+    inside = [key for key in set_keys if key.startswith(field + ".")]
+    if inside and source is not None:
+        return type(exc)(f"{source} with --set {', '.join(inside)}: {rest}")
     return exc
 
 

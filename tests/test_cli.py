@@ -191,6 +191,66 @@ def test_an_out_folder_removed_during_the_run_is_one_line(tmp_path, capsys, monk
     assert err.startswith(f"servesim: error: {out}") and "No such file or directory" in err
 
 
+def test_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
+    # a write that fails for want of space (ENOSPC carries no file name): the file it was writing is named,
+    # no traceback, status 2, and no file of the failed run is left
+    import errno
+
+    from servesim.metrics import outputs
+
+    def full_disk(path, chunks):
+        with outputs.atomic_file(path, "wb") as handle:
+            handle.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    monkeypatch.setattr(outputs, "atomic_write", full_disk)
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert err == f"servesim: error: {out / 'summary.json'}: No space left on device\n"  # the first file written
+    assert not out.exists()  # no temporary file, no partial output: the folder the run created is gone
+
+
+def test_a_failed_command_leaves_no_empty_out_folder_it_created(tmp_path, capsys):
+    # refused while the run is set up, after --out was created (an unwritable --out must fail at once): the
+    # folder the command created goes; a folder that was there before stays, as do its parents
+    cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, tensor_parallel_size=3))
+    out = tmp_path / "parent" / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 2
+    assert "divisible by tensor parallel size (3)" in capsys.readouterr().err
+    assert not out.exists() and (tmp_path / "parent").is_dir()
+    out.mkdir()
+    assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 2
+    assert out.is_dir()
+
+
+def test_a_full_stdout_is_one_line(tmp_path):
+    # stdout on a full device (/dev/full here): one line, status 2
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system to write to")
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "servesim", "run", str(cfg), "--out", str(tmp_path / "o"),
+                               "--no-plot"], stdout=full, stderr=subprocess.PIPE, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr == "servesim: error: cannot write the output: No space left on device\n"
+
+
+def test_a_closed_pipe_ends_quietly_as_sigpipe_would(tmp_path):
+    # ``servesim ... | head -1``: the reader goes away; no traceback, the status of a command SIGPIPE ended
+    import signal
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "run", str(cfg), "--out", str(tmp_path / "o"),
+                             "--no-plot"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the command prints its table
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 128 + signal.SIGPIPE
+    assert err == ""
+
+
 @pytest.mark.parametrize(
     "change, words",
     [

@@ -205,3 +205,34 @@ def test_replica_ttft_close_to_one_replica_at_a_fraction_of_the_rate():
         single.append(np.nanmean(request_latencies(run(one, 1, "round_robin", kv_blocks=20_000).output().requests)["ttft_s"]))
     ratio = np.mean(multi) / np.mean(single)
     assert 0.88 <= ratio <= 1.02, ratio
+
+
+@pytest.mark.parametrize("replicas, requests, refused", [
+    (4096, 4000, False), (4097, 10, True),  # the replica limit
+    (1000, 20000, False), (1001, 20000, True),  # replicas x requests: 2 x 10^7 at most
+])
+def test_a_deployment_too_large_to_simulate_is_refused_in_one_line(replicas, requests, refused):
+    from servesim.deployment import MAX_REPLICA_REQUESTS, MAX_REPLICAS, check_deployment_size
+    from servesim.errors import SettingError
+
+    assert (MAX_REPLICAS, MAX_REPLICA_REQUESTS) == (4096, 2 * 10**7)
+    if not refused:
+        check_deployment_size(replicas, requests)
+        return
+    with pytest.raises(SettingError) as err:
+        check_deployment_size(replicas, requests)
+    message = str(err.value)
+    assert message.startswith(f"deployment.replicas: {replicas} replicas of a {requests}-request workload; ")
+    assert "at most 4,096 replicas and 20,000,000 replicas x requests" in message and "\n" not in message
+
+
+def test_a_huge_replica_count_fails_before_any_replica_is_built(tmp_path):
+    # 100,000 replicas of a 100-request workload ran for hours (every replica over the whole workload)
+    from servesim.api import simulate
+    from servesim.errors import ConfigError
+
+    cfg = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "deployment": {"replicas": 100_000},
+           "workload": {"type": "poisson", "rate": 1.0, "num_requests": 100,
+                        "prompt_tokens": {"type": "fixed", "value": 100}, "output_tokens": {"type": "fixed", "value": 10}}}
+    with pytest.raises(ConfigError, match=r"^deployment\.replicas: 100000 replicas of a 100-request workload"):
+        simulate(cfg)

@@ -438,6 +438,24 @@ def test_atomic_write_leaves_old_file_and_no_temporary_on_failure(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["steps.csv"]
 
 
+def test_a_write_that_names_no_file_is_given_the_file_being_written(tmp_path):
+    import errno
+
+    from servesim.atomic import atomic_file
+
+    target = tmp_path / "requests.csv"
+    with pytest.raises(OSError) as raised:
+        with atomic_file(target, "wb") as handle:
+            handle.write(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")  # as a write to a full disk raises it
+    assert raised.value.filename == str(target) and raised.value.errno == errno.ENOSPC
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OSError) as named:  # an error that names its own file keeps it
+        with atomic_file(target, "wb"):
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", "/elsewhere")
+    assert named.value.filename == "/elsewhere"
+
+
 def test_write_outputs_replaces_previous_files(tmp_path):
     out = small_output()
     write_outputs(out, {"first": 1}, tmp_path)

@@ -505,6 +505,29 @@ def test_failed_rerun_leaves_no_earlier_results_looking_current(tmp_path, capsys
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt"]  # only the user's own file is left
 
 
+def test_a_rerun_removes_the_earlier_results_before_it_simulates(tmp_path, monkeypatch):
+    # a run killed while it simulates (SIGKILL, out of memory: no handler runs) must not leave the earlier
+    # run's files looking current: they are gone before the simulation starts
+    from servesim import api
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    (out / "notes.txt").write_text("mine\n")
+    seen = []
+    real = api._simulate
+
+    def watching(*args, **kwargs):
+        seen.append(sorted(p.name for p in out.iterdir()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(api, "_simulate", watching)
+    assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
+    assert seen == [["notes.txt"]]
+    assert sorted(p.name for p in out.iterdir()) == ["latency.png", "notes.txt", "requests.csv", "steps.csv",
+                                                      "summary.json"]
+
+
 @pytest.mark.parametrize("mistake", [["--set", "engine.max_num_seqs=abc"], ["--set", "engine.no_such_key=1"],
                                      ["--speculative-config", "{not json"]])
 def test_rerun_with_a_config_mistake_leaves_no_earlier_results_looking_current(tmp_path, capsys, mistake):

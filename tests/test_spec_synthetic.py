@@ -258,3 +258,19 @@ def test_tune_k_refuses_k_beyond_the_synthetic_rates(tmp_path):
                                            "synthetic_acceptance_length": 2.5}), "run.yaml")
     with pytest.raises(ConfigError, match=r"--k-max: 3 exceeds num_speculative_tokens = 2"):
         tune_k(cfg, tmp_path, k_max=3)
+
+
+@pytest.mark.parametrize("tree, drafts", [([1000, 1000, 1000], 1001001000), ([2, 2, 2, 2, 2, 2, 2], 254),
+                                          ([8, 16], 136)])
+def test_a_draft_tree_of_more_nodes_than_vllm_verifies_is_refused(tree, drafts):
+    # every node but the root is a draft the step verifies: at most MAX_SPEC_LEN of them per request
+    with pytest.raises(ConfigError) as err:
+        spec(method="eagle", draft_tree=tree)
+    assert str(err.value) == (f"speculative_config: draft_tree {tree} drafts {drafts} tokens per request and step, "
+                              f"more than the {MAX_SPEC_LEN} vLLM's rejection sampler verifies (MAX_SPEC_LEN): "
+                              "give fewer branches")
+
+
+@pytest.mark.parametrize("tree", [[2, 2, 2, 2, 2, 2], [8, 15], [128]])  # 126, 128, 128 drafts: the limit holds
+def test_a_draft_tree_within_the_limit_is_accepted(tree):
+    assert spec(method="eagle", draft_tree=tree).draft_tree == tree

@@ -10,7 +10,9 @@ used (start-up time matters: ``servesim run`` must finish a whole trace in about
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
+import os
 import signal
 import sys
 import threading
@@ -182,21 +184,48 @@ def _run(module, args: argparse.Namespace) -> int:
 
     A command that fails or is interrupted at any point (a mistake in its config, Ctrl-C while it still
     imports or loads) removes the files :data:`COMMAND_OUTPUTS` names that an earlier command left in an existing
-    ``--out``: none may stay there looking like the result of the command that failed.
+    ``--out``: none may stay there looking like the result of the command that failed; an ``--out`` folder
+    that it created and left empty is removed too.
     """
-    from servesim.errors import ServesimError
+    from pathlib import Path
 
     out = getattr(args, "out", None)
+    new_folder = Path(out) if out is not None and str(out).strip() and not os.path.lexists(out) else None
+    status = 2  # also when a fault of servesim's raises through
+    try:
+        status = _run_reported(module, args, out)
+    finally:
+        if new_folder is not None and status != 0:
+            try:
+                new_folder.rmdir()  # only if empty: a failed sweep's stored runs stay, for its rerun to resume
+            except OSError:
+                pass
+    return status
+
+
+def _run_reported(module, args: argparse.Namespace, out: object) -> int:
+    from servesim.errors import ServesimError
+
     try:
         own = COMMAND_OUTPUTS.get(args.command, ())
         if own:
             check_no_other_results(args.command, out)
         with _replacing_earlier_outputs(out, own):
-            return int(module.run(args) or 0)
+            status = int(module.run(args) or 0)
+        sys.stdout.flush()  # a closed pipe or a full device is said here, not as a traceback at exit
+        return status
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader of the output went away (``servesim sweep ... | head -1``): stop quietly, with the status
+        # of a command that SIGPIPE ended, and do not fail again flushing stdout at exit
+        _detach_stdout()
+        return 128 + signal.SIGPIPE
     except OSError as exc:
+        if exc.filename is None and exc.errno in _STORAGE_ERRNOS:  # writing to a full disk or /dev/full
+            print(f"servesim: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+            return 2
         if exc.filename is None:  # not about a file: a fault of servesim's, with its traceback
             raise
         # a file or folder servesim cannot read or write: --out names an existing file, a folder without
@@ -212,6 +241,20 @@ def _run(module, args: argparse.Namespace) -> int:
         return 2
     except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated)
         return _interrupted(exc)
+
+
+#: errno values of a write that failed for want of space or a writable device (no file named: stdout).
+_STORAGE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO}
+
+
+def _detach_stdout() -> None:
+    """Point stdout at /dev/null (Python's advice for a closed pipe: what is still buffered goes nowhere)."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # no stdout descriptor (replaced by a test's capture)
+        pass
 
 
 def check_no_other_results(command: str, out: object) -> None:
@@ -242,7 +285,9 @@ def check_no_other_results(command: str, out: object) -> None:
 
 def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):
     """:func:`servesim.atomic.replacing_outputs` over ``names`` in ``out`` when ``out`` is an existing folder
-    (nothing to remove otherwise: a missing folder is not created, a file is refused by the command)."""
+    (nothing to remove otherwise: a missing folder is not created, a file is refused by the command), on
+    failure only: each command removes its earlier outputs itself before it computes new ones (a sweep
+    keeps the figures of a table it writes again unchanged)."""
     import contextlib
     from pathlib import Path
 
@@ -250,7 +295,7 @@ def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):
         return contextlib.nullcontext()
     from servesim.atomic import replacing_outputs
 
-    return replacing_outputs(out, names)
+    return replacing_outputs(out, names, before=False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -41,7 +41,8 @@ servesim's own keys (vLLM has no equivalent):
   tokens verified per round, depth 2), as EAGLE/Medusa/SpecInfer draw it. Each round verifies all the
   tree's nodes (the verify width, its cost in the step) and accepts at most depth drafts, with the
   per-depth acceptance ``1 - (1 - a_d)^b_d`` of :mod:`servesim.speculation.tree` (the seed lesson's
-  Example 9). vLLM V1 drafts chains; this is servesim's extension.
+  Example 9). vLLM V1 drafts chains; this is servesim's extension. At most 128 draft nodes (vLLM's
+  ``MAX_SPEC_LEN``, the most drafts per request its rejection sampler verifies in one step).
 * ``draft_head``: for eagle/eagle3/medusa/mtp, the drafter's shape as a model-card mapping (default: one
   decoder layer of the target's width, reusing its embedding and lm_head).
 * ``temperature``: the requests' sampling temperature (default 0 = greedy). With ``T > 0`` the acceptance
@@ -157,6 +158,14 @@ class SpeculativeConfig(InputModel):
                 )
             if self.num_speculative_tokens_per_batch_size is not None:
                 raise ValueError("draft_tree cannot be combined with num_speculative_tokens_per_batch_size")
+            from servesim.speculation.tree import num_nodes
+
+            drafts = num_nodes(self.draft_tree) - 1  # every node but the root is a draft the step verifies
+            if drafts > MAX_SPEC_LEN:
+                raise ValueError(
+                    f"draft_tree {self.draft_tree} drafts {drafts} tokens per request and step, more than the "
+                    f"{MAX_SPEC_LEN} vLLM's rejection sampler verifies (MAX_SPEC_LEN): give fewer branches"
+                )
         if self.num_speculative_tokens is None and self.method == "suffix":
             # vLLM: suffix decoding drafts up to its tree depth, num_speculative_tokens defaults to it
             self.num_speculative_tokens = SUFFIX_DECODING_MAX_TREE_DEPTH

@@ -346,7 +346,9 @@ def run_sweep(
     try:
         # interrupted: an earlier invocation's tables (maybe of another grid) and the figures drawn from them
         # must not look like this one's
-        with replacing_outputs(out, SWEEP_TABLES + tuple(figures)), open_executor(executor, jobs) as pool:
+        # (the earlier tables and figures stay while it runs: figures of a table it writes again unchanged
+        # still hold; a changed table removes them)
+        with replacing_outputs(out, SWEEP_TABLES + tuple(figures), before=False), open_executor(executor, jobs) as pool:
             # once the workers are there (a Dask scheduler that cannot be reached leaves nothing behind)
             (out / "points").mkdir(parents=True, exist_ok=True)
             _write_manifest(out, loaded)
