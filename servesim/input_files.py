@@ -231,7 +231,17 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     elif not isinstance(got, (dict, list)) and kind not in BOOL_FOR_NUMBER_ERRORS:
         shown = f" (got {got!r})"
     more = len(errors) - 1
-    tail = f" [and {more} more error{'s' if more > 1 else ''}]" if more > 0 else ""
+    others: list[str] = []  # the other errors' fields, so that one run tells every field to fix
+    for other in errors:
+        if other is err:
+            continue
+        path = user_path(tuple(other.get("loc", ())), data,
+                         key_error=other.get("type") in ("missing", "extra_forbidden"))
+        path = f"{key_prefix}.{path}" if key_prefix and path else (path or key_prefix or "")
+        if path and path != loc and path not in others:
+            others.append(path)
+    fields = f": {', '.join(others[:4])}{', ...' if len(others) > 4 else ''}" if others else ""
+    tail = f" [and {more} more error{'s' if more > 1 else ''}{fields}]" if more > 0 else ""
     field = f" {loc}:" if loc else ""
     return f"{source}:{field} {msg}{shown}{tail}"
 

@@ -218,6 +218,10 @@ def test_seed_is_drawn_from_the_content_keyed_child_sequence(tmp_path):
          "variant 'fast': 'workload.rate' lies inside swept key 'workload', whose swept values replace it"),
         ({"zip": [{"engine.max_num_batched_tokens": [512, 512], "engine.block_size": [16, 16]}]},
          "zip group 0 lists the values {'engine.max_num_batched_tokens': 512, 'engine.block_size': 16} twice"),
+        # one zip group without its list ("zip: Input should be a valid list" named no remedy)
+        ({"zip": {"engine.max_num_batched_tokens": [512, 1024]}},
+         "zip: expected a list of groups, each a mapping of dotted keys to equal-length lists "
+         "(- {hardware: [h100-sxm, h200-sxm], engine.max_num_seqs: [64, 128]}), got a mapping"),
         ({"replications": 0}, "replications"),
         ({"grids": {}}, "unknown key"),
         ({"grid": {"engine..max_num_seqs": [1]}}, "invalid key"),

@@ -123,7 +123,7 @@ def test_tune_k_says_where_no_k_meets_the_slos(tmp_path, capsys):
 
 @pytest.mark.parametrize("change, message", [
     # a misspelt required key was reported as the required key missing, naming neither the typo nor the file's line
-    ({"hardwar": "h100-sxm", "hardware": None}, "hardwar: unknown key (did you mean hardware?) [and 1 more error]"),
+    ({"hardwar": "h100-sxm", "hardware": None}, "hardwar: unknown key (did you mean hardware?) [and 1 more error: hardware]"),
     ({"engine": {"max_num_seq": 8}}, "engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
     ({"slo": {"ttfts": 1}}, "slo.ttfts: unknown key (did you mean ttft_s?)"),
     # inside a union member (the workload's type) and a mapping checked against its own model
@@ -244,3 +244,18 @@ def test_a_measurement_window_that_holds_no_request_is_refused(tmp_path, capsys,
         "holds none of the run's 40 completed requests (expected bounds that leave some inside: after_completed "
         "below the requests, after_s before the last finish)\n"), err
     assert list(out.iterdir()) == []
+
+
+def test_the_other_errors_name_their_fields(tmp_path, capsys):
+    # "[and 2 more errors]" named none of them: one field fixed per run
+    bad = {**SMALL, "engine": {"max_num_seqs": -1, "block_size": "x"}, "workload": {**SMALL["workload"], "rate": -1}}
+    cfg, err = refused_run(tmp_path, capsys, config=bad)
+    assert err == (f"servesim: error: {cfg}: engine.max_num_seqs: Input should be greater than or equal to 1 (got -1) "
+                   "[and 2 more errors: engine.block_size, workload.rate]\n")
+    cfg, err = refused_run(tmp_path, capsys, config={"hardware": "h100-sxm"})
+    assert err == f"servesim: error: {cfg}: model: required key is missing [and 1 more error: workload]\n"
+    many = {**SMALL, "engine": {key: -1 for key in ("max_num_seqs", "max_num_batched_tokens", "block_size",
+                                                    "gpu_memory_utilization", "max_model_len", "num_gpu_blocks_override")}}
+    _, err = refused_run(tmp_path, capsys, config=many)
+    assert err.endswith("[and 5 more errors: engine.max_num_batched_tokens, engine.block_size, "
+                        "engine.gpu_memory_utilization, engine.num_gpu_blocks_override, ...]\n"), err  # (model order)

@@ -114,6 +114,14 @@ class SweepConfig(InputModel):
                 raise _invalid(f"grid key {key!r} lists the value {twice[0]!r} twice (each point would run twice)")
         return grid
 
+    @field_validator("zip", mode="before")
+    @classmethod
+    def _zip_is_a_list(cls, groups: Any) -> Any:
+        if isinstance(groups, dict):  # one group written without its "- ": the likely mistake, said so
+            raise _invalid("expected a list of groups, each a mapping of dotted keys to equal-length lists "
+                           "(- {hardware: [h100-sxm, h200-sxm], engine.max_num_seqs: [64, 128]}), got a mapping")
+        return groups
+
     @field_validator("zip")
     @classmethod
     def _zip_groups(cls, groups: list[dict[str, list[Any]]]) -> list[dict[str, list[Any]]]:
