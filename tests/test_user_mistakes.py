@@ -229,6 +229,19 @@ def test_speculative_config_errors_name_the_config_file(tmp_path, capsys, comman
     assert capsys.readouterr().err == f"servesim: error: {cfg}: {BAD_SPEC_ERROR}"
 
 
+@pytest.mark.parametrize("command", [["run", "--no-plot"], ["tune-k", "--batch-sizes", "1"],
+                                     ["capacity", "--slo", "ttft_p99=0.5"],
+                                     ["capacity", "--slo", "ttft_p99=0.5", "--replicas", "5"]])
+def test_a_setting_set_gave_refused_when_the_run_is_set_up_names_set_in_every_command(tmp_path, capsys, command):
+    # capacity and tune-k named the config file for a value only --set gave (refused when a run is wired)
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": {"method": "eagle",
+                                                                          "num_speculative_tokens": 2}})
+    argv = [command[0], str(cfg), *command[1:], "--out", str(tmp_path / "o"), "--set", "engine.block_size=7"]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == ("servesim: error: --set: engine.block_size: expected one of "
+                                       "[1, 8, 16, 32, 64, 128] as in vLLM (got 7)\n")
+
+
 def test_speculative_config_option_errors_name_the_option(tmp_path, capsys):
     import json
 

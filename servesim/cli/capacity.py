@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.cli.run import parse_overrides, set_keys
     from servesim.config.models import load_config
-    from servesim.errors import ConfigError
+    from servesim.errors import ConfigError, naming_set_keys
     from servesim.sweep.tables import write_csv
 
     slos = parse_slos(args.slo)
@@ -93,11 +93,13 @@ def run(args: argparse.Namespace) -> int:
     search = CapacitySearch(cfg, folder, slos, replications=args.replications, goodput_share=args.goodput_share,
                             progress=progress)
     with replacing_outputs(out, CAPACITY_OUTPUTS):  # failed or interrupted, searching or writing: no outputs left
-        if args.replicas is not None:
-            result = (search.min_replicas(args.replicas) if args.max_replicas is None
-                      else search.min_replicas(args.replicas, max_replicas=args.max_replicas))
-        else:
-            result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
+        # a setting --set gave that is refused when a run is set up names --set, as `servesim run` does
+        with naming_set_keys(set_keys(args.overrides), cfg.source):
+            if args.replicas is not None:
+                result = (search.min_replicas(args.replicas) if args.max_replicas is None
+                          else search.min_replicas(args.replicas, max_replicas=args.max_replicas))
+            else:
+                result = search.max_rate(tolerance=args.tolerance, max_rate=args.max_rate)
         frame = capacity_frame(result)
         write_csv(frame, out / "capacity.csv")
         table = plot_slo_attainment(frame, result, out / "slo_attainment.png")

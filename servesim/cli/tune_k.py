@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
     from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.cli.run import parse_overrides, set_keys
     from servesim.config.models import load_config
+    from servesim.errors import naming_set_keys
     from servesim.sweep.executors import open_executor
     from servesim.sweep.store import atomic_write_text
     from servesim.sweep.tables import write_csv
@@ -95,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
                   f"{row['output_throughput']:10.1f} output tok/s", flush=True)
 
     with replacing_outputs(out, TUNE_K_OUTPUTS):  # failed or interrupted, simulating or writing: no outputs left
-        with open_executor(None, args.jobs) as executor:
+        # a setting --set gave that is refused when a run is set up names --set, as `servesim run` does
+        with naming_set_keys(set_keys(args.overrides), cfg.source), open_executor(None, args.jobs) as executor:
             result = tune_k(cfg, folder, k_max=args.k_max, batch_sizes=sizes, slos=slos,
                             replications=args.replications, requests_per_client=args.requests_per_client,
                             boundary=args.boundary, executor=executor, progress=progress)
