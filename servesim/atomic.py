@@ -6,6 +6,7 @@ not the ``0o600`` of a temporary file, so that teammates and web servers can rea
 
 from __future__ import annotations
 
+import glob
 import os
 import tempfile
 from collections.abc import Iterator
@@ -124,7 +125,8 @@ def check_output_file(path: str | Path, option: str = "--out") -> Path:
 
 
 def remove_stale(folder: str | Path, names: list[str]) -> None:
-    """Delete the files ``names`` in ``folder`` that a previous run wrote and this one does not replace.
+    """Delete the files ``names`` in ``folder`` that a previous run wrote and this one does not replace, and
+    the temporary files a killed write of one of them left (``.NAME.*.tmp``).
 
     Raises:
         ConfigError: a file exists but cannot be removed (one line naming it).
@@ -133,10 +135,12 @@ def remove_stale(folder: str | Path, names: list[str]) -> None:
 
     for name in names:
         path = Path(folder) / name
-        try:
-            path.unlink(missing_ok=True)
-        except OSError as exc:
-            raise ConfigError(f"{path}: cannot remove the file of an earlier run ({exc.strerror})") from None
+        # with the temporary files of a write that was killed (atomic_file's ``.NAME.*.tmp``)
+        for stale in [path, *Path(folder).glob(f".{glob.escape(name)}.*.tmp")]:
+            try:
+                stale.unlink(missing_ok=True)
+            except OSError as exc:
+                raise ConfigError(f"{stale}: cannot remove the file of an earlier run ({exc.strerror})") from None
 
 
 @contextmanager
@@ -151,12 +155,15 @@ def replacing_outputs(folder: str | Path, names: tuple[str, ...] | list[str], *,
     Raises:
         whatever the block raises; ConfigError if a file cannot be removed.
     """
+    from servesim.errors import OutputFolderRefused
+
     if before:
         remove_stale(folder, list(names))
     try:
         yield
-    except BaseException:
-        remove_stale(folder, list(names))
+    except BaseException as exc:
+        if not isinstance(exc, OutputFolderRefused):  # a refused folder is another's: left as it is
+            remove_stale(folder, list(names))
         raise
 
 

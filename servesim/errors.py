@@ -18,6 +18,11 @@ class ConfigError(ServesimError):
     """A configuration file or value is invalid (raised by :mod:`servesim.config`)."""
 
 
+class OutputFolderRefused(ConfigError):
+    """An ``--out`` folder that holds another command's or another sweep's results, refused before anything
+    is written or removed: whatever is in it stays as it was."""
+
+
 class TraceError(ServesimError):
     """A request trace cannot be read or has a malformed row (raised by :mod:`servesim.workload`)."""
 

@@ -229,7 +229,15 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
                            f"engine's clock (got {max_time:.3g})")
     rng = np.random.default_rng(child_seed(root, STREAM_WORKLOAD))
     workload = build_workload(cfg.workload, rng, folder)
-    max_len = e.max_model_len or getattr(model, "max_model_len", None)
+    model_len = getattr(model, "max_model_len", None)
+    if e.max_model_len is not None and model_len is not None and e.max_model_len > model_len:
+        # vLLM's ModelConfig refuses a max_model_len beyond the model's (its derived max_model_len)
+        raise SettingError(
+            f"engine.max_model_len: {e.max_model_len} tokens exceeds the model's context, {model_len} tokens "
+            f"(the card's max_model_len); vLLM refuses a longer one unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: give "
+            f"at most {model_len}, or a model card whose max_model_len the model really supports"
+        )
+    max_len = e.max_model_len or model_len
     if max_len is not None and len(workload.prompt_tokens):
         lengths = workload.prompt_tokens + workload.output_tokens
         worst = int(lengths.max())

@@ -217,11 +217,12 @@ def test_a_failed_command_leaves_no_empty_out_folder_it_created(tmp_path, capsys
     # refused while the run is set up, after --out was created (an unwritable --out must fail at once): the
     # folder the command created goes; a folder that was there before stays, as do its parents
     cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, tensor_parallel_size=3))
-    out = tmp_path / "parent" / "out"
+    out = tmp_path / "parent" / "a" / "out"
+    (tmp_path / "parent").mkdir()
     assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 2
     assert "divisible by tensor parallel size (3)" in capsys.readouterr().err
-    assert not out.exists() and (tmp_path / "parent").is_dir()
-    out.mkdir()
+    assert not (tmp_path / "parent" / "a").exists() and (tmp_path / "parent").is_dir()  # what it created goes
+    out.mkdir(parents=True)
     assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 2
     assert out.is_dir()
 

@@ -514,6 +514,7 @@ def test_a_rerun_removes_the_earlier_results_before_it_simulates(tmp_path, monke
     out = tmp_path / "out"
     assert main(["run", str(cfg), "--out", str(out), "--quiet"]) == 0
     (out / "notes.txt").write_text("mine\n")
+    (out / ".requests.csv.x1y2.tmp").write_text("a write killed half-way\n")  # atomic_file's temporary
     seen = []
     real = api._simulate
 

@@ -427,6 +427,19 @@ def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, over
     assert err == f"servesim: error: {named}: {message}\n"
 
 
+def test_a_max_model_len_beyond_the_models_is_refused_as_vllm_does(tmp_path, capsys):
+    # --set engine.max_model_len=999999 on Llama-3.1-8B (131,072 tokens) ran 200,000-token prompts
+    message = ("engine.max_model_len: 999999 tokens exceeds the model's context, 131072 tokens (the card's "
+               "max_model_len); vLLM refuses a longer one unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: give at most "
+               "131072, or a model card whose max_model_len the model really supports")
+    cfg, err = refused_run(tmp_path, capsys, config=_with("engine.max_model_len=999999"))
+    assert err == f"servesim: error: {cfg}: {message}\n"
+    _, err = refused_run(tmp_path, capsys, "--set", "engine.max_model_len=999999")
+    assert err == f"servesim: error: --set: {message}\n"
+    cfg = write_yaml(tmp_path / "ok.yaml", _with("engine.max_model_len=131072"))  # the model's own: runs
+    assert main(["run", str(cfg), "--out", str(tmp_path / "ok"), "--no-plot", "--quiet"]) == 0
+
+
 def _with(assignment: str, config: dict = SMALL) -> dict:
     """``config`` with the ``--set``-style ``assignment`` written into it (a mistake in the file itself)."""
     from servesim.config.overrides import parse_assignment, set_dotted

@@ -259,3 +259,75 @@ def test_the_other_errors_name_their_fields(tmp_path, capsys):
     _, err = refused_run(tmp_path, capsys, config=many)
     assert err.endswith("[and 5 more errors: engine.max_num_batched_tokens, engine.block_size, "
                         "engine.gpu_memory_utilization, engine.num_gpu_blocks_override, ...]\n"), err  # (model order)
+
+
+def test_a_sweep_refused_for_another_sweeps_folder_touches_nothing(tmp_path, capsys):
+    # the refusal ("holds the runs of another sweep") removed the other sweep's summary.csv and speedup.csv
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    first = write_yaml(tmp_path / "first.yaml", {"base": "c.yaml", "grid": {"workload.rate": [4, 8]}})
+    assert main(["sweep", str(first), "--out", str(out), "--no-progress"]) == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    assert "summary.csv" in before
+    other = write_yaml(tmp_path / "other.yaml", {"base": "c.yaml", "grid": {"workload.rate": [2]}})
+    assert main(["sweep", str(other), "--out", str(out), "--no-progress"]) == 2
+    assert "holds the runs of another sweep" in capsys.readouterr().err
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+
+
+def test_a_changed_sweep_removes_the_earlier_tables_before_its_runs(tmp_path, monkeypatch, capsys):
+    # killed (SIGKILL: no handler) after writing its new sweep.json, a rerun with another seed left the
+    # earlier seed's summary.csv looking current; an unchanged sweep keeps its tables and figures while it runs
+    import servesim.sweep.runner
+
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+
+    def sweep(seed: int) -> int:
+        spec = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"workload.rate": [4, 8]}, "seed": seed})
+        return main(["sweep", str(spec), "--out", str(out), "--no-progress"])
+
+    assert sweep(40) == 0 and main(["plot", str(out)]) == 0
+    seen = []
+    real = servesim.sweep.runner.execute_task
+
+    def watching(*args, **kwargs):
+        seen.append(sorted(p.name for p in out.iterdir()))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(servesim.sweep.runner, "execute_task", watching)
+    assert sweep(41) == 0
+    assert seen and all("summary.csv" not in names and "latency_vs_throughput.png" not in names for names in seen)
+    seen.clear()
+    assert main(["plot", str(out)]) == 0
+    assert sweep(41) == 0 and not seen  # every run reused: nothing ran, the table and its figures stay
+    assert {"summary.csv", "latency_vs_throughput.png"} <= {p.name for p in out.iterdir()}
+    capsys.readouterr()
+
+
+def test_a_plot_that_fails_while_drawing_leaves_no_figure(tmp_path, monkeypatch, capsys):
+    # a full disk after the first figure left it beside an earlier plot's others, mixed
+    import errno
+
+    import servesim.plots.curves as curves
+
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "out"
+    spec = {"base": "c.yaml", "grid": {"workload.rate": [4, 8]},
+            "variants": {"plain": {}, "eagle": {"speculative_config": {"method": "eagle", "num_speculative_tokens": 2,
+                                                                       "acceptance": {"alpha": 0.7}}}},
+            "baseline": "plain"}
+    assert main(["sweep", str(write_yaml(tmp_path / "s.yaml", spec)), "--out", str(out), "--no-progress"]) == 0
+    assert main(["plot", str(out)]) == 0
+    assert {"latency_vs_throughput.png", "speedup.png", "acceptance.png"} <= {p.name for p in out.iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(out / "speedup.png"))
+
+    monkeypatch.setattr(curves, "plot_speedup", full_disk)  # (the plot command imports it when it runs)
+    capsys.readouterr()
+    assert main(["plot", str(out)]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {out / 'speedup.png'}: No space left on device\n"
+    names = {p.name for p in out.iterdir()}
+    assert not names & {"latency_vs_throughput.png", "latency_vs_throughput.csv", "acceptance.png", "speedup.png"}
+    assert {"summary.csv", "speedup.csv", "sweep.json", "points"} <= names  # the sweep's own results stay

@@ -184,23 +184,36 @@ def _run(module, args: argparse.Namespace) -> int:
 
     A command that fails or is interrupted at any point (a mistake in its config, Ctrl-C while it still
     imports or loads) removes the files :data:`COMMAND_OUTPUTS` names that an earlier command left in an existing
-    ``--out``: none may stay there looking like the result of the command that failed; an ``--out`` folder
-    that it created and left empty is removed too.
+    ``--out``: none may stay there looking like the result of the command that failed; the ``--out``
+    folders that it created and left empty are removed too.
     """
-    from pathlib import Path
-
     out = getattr(args, "out", None)
-    new_folder = Path(out) if out is not None and str(out).strip() and not os.path.lexists(out) else None
+    created = _missing_folders(out)
     status = 2  # also when a fault of servesim's raises through
     try:
         status = _run_reported(module, args, out)
     finally:
-        if new_folder is not None and status != 0:
-            try:
-                new_folder.rmdir()  # only if empty: a failed sweep's stored runs stay, for its rerun to resume
-            except OSError:
-                pass
+        if status != 0:
+            for folder in created:  # the deepest first, each only if empty: a failed sweep's stored runs stay,
+                try:  # for its rerun to resume
+                    folder.rmdir()
+                except OSError:
+                    break
     return status
+
+
+def _missing_folders(out: object) -> list:
+    """The folders of the path ``out`` that do not exist yet, deepest first (what the command may create)."""
+    from pathlib import Path
+
+    if out is None or not str(out).strip():
+        return []
+    missing = []
+    folder = Path(out).absolute()
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
 
 
 def _run_reported(module, args: argparse.Namespace, out: object) -> int:
@@ -266,11 +279,11 @@ def check_no_other_results(command: str, out: object) -> None:
     other (a sweep's stored runs may be hours of work).
 
     Raises:
-        ConfigError: one line naming the folder, the other command and its files found there.
+        OutputFolderRefused: one line naming the folder, the other command and its files found there.
     """
     from pathlib import Path
 
-    from servesim.errors import ConfigError
+    from servesim.errors import OutputFolderRefused
 
     if out is None or not str(out).strip() or not Path(out).is_dir():
         return
@@ -279,8 +292,8 @@ def check_no_other_results(command: str, out: object) -> None:
             continue
         found = [f for f in outputs if (Path(out) / f).exists()]
         if found:
-            raise ConfigError(f"--out: {out} holds the results of `servesim {name}` ({', '.join(found)}); "
-                              f"give `servesim {command}` another folder, or remove them first")
+            raise OutputFolderRefused(f"--out: {out} holds the results of `servesim {name}` ({', '.join(found)}); "
+                                      f"give `servesim {command}` another folder, or remove them first")
 
 
 def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):

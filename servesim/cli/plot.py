@@ -110,37 +110,46 @@ def run(args: argparse.Namespace) -> int:
     group_cols = [c for c in columns if c != along and summary[c].nunique(dropna=False) > 1]
     if summary["variant"].nunique() > 1:
         group_cols.append("variant")
-    written = []
-    path = out / "latency_vs_throughput.png"
-    plot_latency_curves(summary, along, args.x, group_cols, path, slos, labels)
-    written.append(path)
-    if speedup is not None and not speedup.empty:
-        sp_along = along if along in speedup.columns else next((c for c in columns if c in speedup.columns), None)
-        if sp_along is not None:
-            path = Path(out) / "speedup.png"
-            table = plot_speedup(speedup, sp_along, path, labels.get(sp_along))
-            written.append(path)
-            for group, g in table.groupby("group", sort=False):
-                value = float(g["crossover"].iloc[0])
-                print(f"{group}: " + (f"speculation hurts above {sp_along} = {value:.4g}" if value == value
-                                      else "speculation never hurts in the range"))
-    from servesim.plots.acceptance import acceptance_table, plot_acceptance
+    from servesim.sweep.runner import plot_figures
 
-    accept = acceptance_table(summary, ["variant"] if summary["variant"].nunique() > 1 else [])
-    if not accept.empty:
-        path = Path(out) / "acceptance.png"
-        plot_acceptance(accept, path)
+    try:
+        written = []
+        path = out / "latency_vs_throughput.png"
+        plot_latency_curves(summary, along, args.x, group_cols, path, slos, labels)
         written.append(path)
-    for h in heatmaps:
-        panel_cols = [c for c in columns if c not in (h["x"], h["y"])]
-        if summary["variant"].nunique() > 1:
-            panel_cols.append("variant")
-        path, _ = plot_heatmap(summary, h["x"], h["y"], h["metric"], panel_cols, Path(out), labels)
-        written.append(path)
-    # figures an earlier plot of this folder drew and this one does not (the sweep changed): remove them
-    stale = {"speedup": ("speedup.png", "speedup.svg", "speedup_curve.csv"),
-             "acceptance": ("acceptance.png", "acceptance.svg", "acceptance.csv")}
-    remove_stale(out, [name for stem, names in stale.items() if out / f"{stem}.png" not in written for name in names])
+        if speedup is not None and not speedup.empty:
+            sp_along = along if along in speedup.columns else next((c for c in columns if c in speedup.columns), None)
+            if sp_along is not None:
+                path = Path(out) / "speedup.png"
+                table = plot_speedup(speedup, sp_along, path, labels.get(sp_along))
+                written.append(path)
+                for group, g in table.groupby("group", sort=False):
+                    value = float(g["crossover"].iloc[0])
+                    print(f"{group}: " + (f"speculation hurts above {sp_along} = {value:.4g}" if value == value
+                                          else "speculation never hurts in the range"))
+        from servesim.plots.acceptance import acceptance_table, plot_acceptance
+
+        accept = acceptance_table(summary, ["variant"] if summary["variant"].nunique() > 1 else [])
+        if not accept.empty:
+            path = Path(out) / "acceptance.png"
+            plot_acceptance(accept, path)
+            written.append(path)
+        for h in heatmaps:
+            panel_cols = [c for c in columns if c not in (h["x"], h["y"])]
+            if summary["variant"].nunique() > 1:
+                panel_cols.append("variant")
+            path, _ = plot_heatmap(summary, h["x"], h["y"], h["metric"], panel_cols, Path(out), labels)
+            written.append(path)
+        # figures an earlier plot of this folder drew and this one does not (the sweep changed): remove them
+        stale = {"speedup": ("speedup.png", "speedup.svg", "speedup_curve.csv"),
+                 "acceptance": ("acceptance.png", "acceptance.svg", "acceptance.csv")}
+        remove_stale(out, [name for stem, names in stale.items() if out / f"{stem}.png" not in written
+                           for name in names])
+    except BaseException:
+        # a failure or Ctrl-C while drawing (a full disk, a closed stdout): no figure of this folder is left,
+        # neither this plot's first ones nor an earlier plot's, which would mix with them
+        remove_stale(out, plot_figures(out))
+        raise
     for p in written:
         print(f"wrote {p} (+ .svg, .csv)")
     return 0

@@ -23,7 +23,7 @@ from typing import Any
 import pandas as pd
 
 from servesim.atomic import atomic_file, prepare_output_dir, remove_stale, replacing_outputs
-from servesim.errors import ConfigError, ServesimError
+from servesim.errors import ConfigError, OutputFolderRefused, ServesimError
 from servesim.sweep.executors import check_executor, open_executor
 from servesim.sweep.inputs import InputResolver, RunInputs
 from servesim.sweep.points import Point, count_points, iter_points, point_config, task_seed
@@ -159,7 +159,7 @@ def check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
     Python (a :class:`SweepConfig`, source ``"sweep"``) is not checked.
 
     Raises:
-        ConfigError: one line naming the folder and both sweeps.
+        OutputFolderRefused: one line naming the folder and both sweeps (nothing in it is touched).
     """
     try:
         earlier = json.loads((out_dir / "sweep.json").read_text(encoding="utf-8")).get("source")
@@ -168,8 +168,8 @@ def check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
     if "sweep" in (earlier, sweep.source):  # a SweepConfig given in Python has no file to tell it by
         return
     if isinstance(earlier, str) and Path(earlier).name != Path(sweep.source).name:
-        raise ConfigError(f"--out: {out_dir} holds the runs of another sweep ({earlier}); give {sweep.source} "
-                          "another folder, or remove that one first")
+        raise OutputFolderRefused(f"--out: {out_dir} holds the runs of another sweep ({earlier}); give "
+                                  f"{sweep.source} another folder, or remove that one first")
 
 
 def _write_manifest(out_dir: Path, sweep: LoadedSweep) -> None:
@@ -351,7 +351,13 @@ def run_sweep(
         with replacing_outputs(out, SWEEP_TABLES + tuple(figures), before=False), open_executor(executor, jobs) as pool:
             # once the workers are there (a Dask scheduler that cannot be reached leaves nothing behind)
             (out / "points").mkdir(parents=True, exist_ok=True)
+            manifest = out / "sweep.json"
+            earlier_manifest = manifest.read_bytes() if manifest.is_file() else None
             _write_manifest(out, loaded)
+            if manifest.read_bytes() != earlier_manifest:
+                # another grid, seed or baseline: the earlier tables and their figures are not this sweep's,
+                # gone before any run (a kill that no handler sees must not leave them looking current)
+                remove_stale(out, list(SWEEP_TABLES) + figures)
             if pool is None:
                 for task in pending():
                     finish(task, *execute_task(simulate, task.config, task.seed, base_dir))
