@@ -131,6 +131,13 @@ def test_a_draft_model_that_does_not_fit_is_named_and_huge_sizes_stay_short(tmp_
     cfg = write_yaml(tmp_path / "c.yaml", dict(SMALL, engine={"max_num_batched_tokens": 10**14}))
     err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")])
     assert "the activation reserve 9.01e+09 GB (at max_num_batched_tokens=100000000000000)" in err
+    # the weights fit and the token budget's activations take the rest: named as that setting, --set's
+    # when --set gave it (it was named tensor_parallel_size, in the file)
+    assert err.startswith(f"servesim: error: {cfg}: engine.max_num_batched_tokens: Llama-3.1-8B does not fit ")
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    err = one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o"),
+                                  "--set", "engine.max_num_batched_tokens=100000000000000"])
+    assert err.startswith("servesim: error: --set: engine.max_num_batched_tokens: Llama-3.1-8B does not fit ")
 
 
 def test_bad_set_assignment(tmp_path, capsys):

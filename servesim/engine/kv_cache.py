@@ -56,7 +56,9 @@ def kv_cache_blocks(
     ``block_size`` tokens).
 
     Raises:
-        SettingError: the weights and activations leave no room for a single block.
+        SettingError: the weights and activations leave no room for a single block (named
+            ``engine.max_num_batched_tokens`` when the weights alone fit and the activation reserve of the
+            token budget takes the rest, else ``tensor_parallel_size``).
     """
     if num_gpu_blocks_override is not None:
         return int(num_gpu_blocks_override)
@@ -75,8 +77,10 @@ def kv_cache_blocks(
     if blocks < 1:
         drafter = (f" + {extra_name}'s weights {_gigabytes(extra_weight_bytes_per_gpu)}"
                    if extra_weight_bytes_per_gpu > 0 else "")
+        # the setting that tipped it: the weights alone leave room, the token budget's activations take it
+        key = "engine.max_num_batched_tokens" if usable - weights > 0 else "tensor_parallel_size"
         raise SettingError(
-            f"tensor_parallel_size: {model.name} does not fit on {tensor_parallel_size} x {hardware.name}: per GPU, "
+            f"{key}: {model.name} does not fit on {tensor_parallel_size} x {hardware.name}: per GPU, "
             f"its weights {_gigabytes(target_weights)}{drafter} + the activation reserve {_gigabytes(reserve)} "
             f"(at max_num_batched_tokens={max_num_batched_tokens}) leave no KV-cache block in "
             f"gpu_memory_utilization {gpu_memory_utilization:g} x {_gigabytes(float(hardware.memory_bytes))} "
