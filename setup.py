@@ -2,9 +2,7 @@
 
 The modules in :data:`COMPILED` stay plain Python source, the only code there is: Cython compiles them
 unchanged, with Python's semantics kept (no type inference, annotations not used as C types, Python's
-``**``), so a compiled engine gives the same results bit for bit (tests/test_compiled_engine.py). The
-``.pxd`` files beside four of them (Engine, PlainDecoding, SpeculativeDecoding, BlockManager) declare those
-classes' attributes, all as Python objects, so that the compiled classes hold them as struct fields. Where
+``**``), so a compiled engine gives the same results bit for bit (tests/test_compiled_engine.py). Where
 Cython or a C compiler is missing, or ``SERVESIM_PURE_PYTHON=1`` is set, the install is pure Python and
 nothing else changes. Each built module's source hash goes into the package's ``_compiled.json``;
 :mod:`servesim.compiled` imports a module's source instead of its compiled copy once the source differs
@@ -43,14 +41,6 @@ def _source(name: str) -> Path:
     return HERE.joinpath(*name.split(".")).with_suffix(".py")
 
 
-def _digest(source: Path) -> str:
-    # servesim.compiled.source_digest: the .py's bytes, then the .pxd's where there is one
-    digest = hashlib.sha256(source.read_bytes())
-    if source.with_suffix(".pxd").is_file():
-        digest.update(source.with_suffix(".pxd").read_bytes())
-    return digest.hexdigest()
-
-
 class BuildCompiled(build_ext):
     """build_ext on all CPUs that records each built module's source hash (the package's ``_compiled.json``)."""
 
@@ -62,7 +52,7 @@ class BuildCompiled(build_ext):
     def run(self) -> None:
         super().run()
         package = Path(self.get_ext_fullpath("servesim.heap")).parent
-        built = {ext.name: _digest(_source(ext.name))
+        built = {ext.name: hashlib.sha256(_source(ext.name).read_bytes()).hexdigest()
                  for ext in self.extensions if Path(self.get_ext_fullpath(ext.name)).is_file()}
         (package / MANIFEST).write_text(json.dumps(built, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 

@@ -1,8 +1,7 @@
 """Which of servesim's modules run compiled (Cython), and the guard that keeps an edited one interpreted.
 
 ``setup.py`` compiles the engine's hot modules with Cython where it can and records each one's source
-hash (SHA-256 of its ``.py``, and of its ``.pxd`` declarations where it has them) in the package's
-``_compiled.json``. :func:`install_guard` (run by ``import servesim``) puts a
+hash (SHA-256) in the package's ``_compiled.json``. :func:`install_guard` (run by ``import servesim``) puts a
 finder first on ``sys.meta_path`` that imports such a module from its ``.py`` source instead of its
 compiled copy when the source no longer has the recorded hash (edited since the build) or when
 ``$SERVESIM_PURE_PYTHON`` is set to anything but ``0``. Compiled and interpreted modules give the same
@@ -20,7 +19,7 @@ from pathlib import Path
 
 #: Environment variable: set (not ``0``) to run every module interpreted.
 PURE_PYTHON_VAR = "SERVESIM_PURE_PYTHON"
-#: The build's record of compiled modules: module name -> :func:`source_digest` of its source when compiled.
+#: The build's record of compiled modules: module name -> SHA-256 of its source when compiled.
 MANIFEST = Path(__file__).resolve().parent / "_compiled.json"
 _PACKAGE_ROOT = MANIFEST.parent.parent
 
@@ -42,18 +41,6 @@ def _source_path(name: str) -> Path:
     return _PACKAGE_ROOT.joinpath(*name.split(".")).with_suffix(".py")
 
 
-def source_digest(source: Path) -> str:
-    """SHA-256 (hex) of a compiled module's source as the build saw it: its ``.py`` file's bytes, then its
-    ``.pxd`` declarations' where it has them (an edit to either makes the compiled copy stale)."""
-    import hashlib
-
-    digest = hashlib.sha256(source.read_bytes())
-    declarations = source.with_suffix(".pxd")
-    if declarations.is_file():
-        digest.update(declarations.read_bytes())
-    return digest.hexdigest()
-
-
 class SourceWhenStale(importlib.abc.MetaPathFinder):
     """Meta-path finder: a built module whose source changed since the build (or every built module, with
     ``$SERVESIM_PURE_PYTHON``) is imported from its ``.py`` file; anything else is left to the usual finders
@@ -69,8 +56,11 @@ class SourceWhenStale(importlib.abc.MetaPathFinder):
         source = _source_path(fullname)
         if not source.is_file():
             return None
-        if not pure_python_requested() and source_digest(source) == expected:
-            return None
+        if not pure_python_requested():
+            import hashlib
+
+            if hashlib.sha256(source.read_bytes()).hexdigest() == expected:
+                return None
         return importlib.util.spec_from_file_location(fullname, source)
 
 

@@ -9,9 +9,7 @@ engine and must test it).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
-import re
 import subprocess
 import sys
 from pathlib import Path
@@ -100,61 +98,3 @@ def test_an_edited_compiled_module_runs_as_written() -> None:
                            capture_output=True, text=True, env=env)
     assert not plain.stdout.strip().endswith(".py"), plain.stdout
 
-
-def test_the_digest_covers_a_module_and_its_declarations(tmp_path: Path) -> None:
-    heap = ROOT / "servesim" / "heap.py"  # no .pxd: the .py's SHA-256
-    assert compiled.source_digest(heap) == hashlib.sha256(heap.read_bytes()).hexdigest()
-    core = ROOT / "servesim" / "engine" / "core.py"
-    assert compiled.source_digest(core) == hashlib.sha256(core.read_bytes() + core.with_suffix(".pxd").read_bytes()
-                                                          ).hexdigest()
-    module = tmp_path / "module.py"
-    module.write_text("x = 1\n")
-    alone = compiled.source_digest(module)
-    module.with_suffix(".pxd").write_text("cdef class A:\n    cdef public object x\n")
-    declared = compiled.source_digest(module)
-    module.with_suffix(".pxd").write_text("cdef class A:\n    cdef public object y\n")
-    assert len({alone, declared, compiled.source_digest(module)}) == 3  # an edited .pxd is a stale build
-
-
-# the classes the .pxd files declare, and configs that between them set every attribute of each
-DECLARED = {"Engine": "core", "PlainDecoding": "plain_decoding", "SpeculativeDecoding": "speculative_decoding",
-            "BlockManager": "block_manager"}
-ATTRIBUTES_CODE = """
-import json, sys
-import numpy as np
-from servesim.cli.run import parse_overrides
-from servesim.config.models import load_config
-from servesim.wiring import build_engine
-seen = {}
-for path, sets, spec in json.loads(sys.argv[1]):
-    cfg, folder = load_config(path, parse_overrides(sets, spec, None), set_keys=[s.split("=")[0] for s in sets])
-    engine, env, _ = build_engine(cfg, folder, np.random.SeedSequence(0))
-    env.run()
-    for obj in (engine, engine.decoding, engine.kv):
-        seen.setdefault(type(obj).__name__, set()).update(vars(obj))
-print(json.dumps({name: sorted(names) for name, names in seen.items()}))
-"""
-
-
-def test_each_declaration_file_lists_the_attributes_its_class_sets() -> None:
-    # interpreted, vars() holds every attribute an object has; a .pxd that missed one would leave it in the
-    # compiled object's __dict__ (slow), one that named a gone attribute would hold a dead field
-    configs = [[str(AZURE), ["workload.max_requests=200"], None],
-               [str(AZURE), ["workload.max_requests=200", "engine.async_scheduling=true"], EAGLE],
-               [RUNS["prefix-caching"][0], ["workload.max_requests=200"], None]]
-    env = dict(os.environ, **{compiled.PURE_PYTHON_VAR: "1"})
-    proc = subprocess.run([sys.executable, "-c", ATTRIBUTES_CODE, json.dumps(configs)], capture_output=True,
-                          text=True, env=env, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr
-    seen = json.loads(proc.stdout)
-    assert set(seen) == set(DECLARED)
-    for name, module in DECLARED.items():
-        text = (ROOT / "servesim" / "engine" / f"{module}.pxd").read_text(encoding="utf-8")
-        declared = re.findall(r"^    cdef public object (\w+)$", text, flags=re.MULTILINE)
-        # any other attribute and weak references work as on a Python object
-        assert f"\ncdef class {name}:\n    cdef dict __dict__\n    cdef object __weakref__\n" in text
-        assert declared == sorted(declared) and set(declared) == set(seen[name]), name
-        # no C type anywhere: every declaration is a Python object (the interpreted semantics)
-        fields = [line for line in text.splitlines() if line.startswith("    cdef ")]
-        assert all(line.startswith(("    cdef public object ", "    cdef dict __dict__", "    cdef object __weakref__"))
-                   for line in fields), name
