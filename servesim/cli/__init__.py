@@ -266,7 +266,7 @@ def _detach_stdout() -> None:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
-    except (OSError, ValueError):  # no stdout descriptor (replaced by a test's capture)
+    except (OSError, ValueError, AttributeError):  # no stdout descriptor (a test's capture, no console)
         pass
 
 
