@@ -19,7 +19,8 @@ class Result:
     """The outcome of one simulation.
 
     Attributes:
-        config: the validated config that ran.
+        config: the validated config that ran (with ``simulate``'s integer ``seed=``, that seed; a
+            SeedSequence, as sweeps pass, leaves the config's).
         output: the engine's raw records (:class:`~servesim.engine.output.EngineOutput`, arrays in s).
         summary: JSON-serialisable metrics (see :func:`servesim.metrics.summarize`).
         info: derived facts about the setup (KV-cache blocks, step-time coefficients, defaults used).
@@ -132,4 +133,6 @@ def _simulate(cfg: SimConfig, folder: Path, seed: int | np.random.SeedSequence |
                 "mean": float(np.mean([u["mean"] for u in util if u["mean"] is not None])),
                 "max": float(max(u["max"] for u in util if u["max"] is not None)),
             }
+    if seed is not None and not isinstance(seed, np.random.SeedSequence):
+        cfg = cfg.model_copy(update={"seed": int(seed)})  # the config that ran: with the seed it ran with
     return Result(config=cfg, output=out, summary=summary, info=info)

@@ -77,3 +77,31 @@ def test_bad_result_and_missing_server_are_one_line(tmp_path, capsys):
     assert main(["validate", "--vllm-bench", str(tmp_path / "r.json")]) == 2
     err = capsys.readouterr().err
     assert err.strip().count("\n") == 0 and "--server" in err
+
+
+def test_a_rate_or_burstiness_vllm_cannot_send_is_refused_not_reinterpreted(tmp_path):
+    # burstiness 0 ran as Poisson (0 read as "absent"), request_rate 0 as all at once, burstiness 1e-300
+    # failed on the internal workload.cv
+    with pytest.raises(ConfigError, match=r"^r\.json: request_rate: expected a positive rate in req/s, or \"inf\" "
+                                          r"for all at once \(got 0\)$"):
+        replay_workload(_result(request_rate=0), "r.json", tmp_path)
+    for burst in (0, 1e-300):
+        with pytest.raises(ConfigError, match=r"^r\.json: burstiness: expected a positive gamma shape \(1 = Poisson, "
+                                              r"smaller = burstier; at least 1e-06\), got "):
+            replay_workload(_result(request_rate=4.0, burstiness=burst), "r.json", tmp_path)
+    open_loop = dict(max_concurrency=None, request_rate=4.0)
+    workload, _ = replay_workload(_result(**open_loop, burstiness=0.25), "r.json", tmp_path)
+    assert workload["type"] == "gamma" and workload["cv"] == 2.0
+    workload, _ = replay_workload(_result(**open_loop, burstiness=None), "r.json", tmp_path)  # vLLM's default
+    assert workload["type"] == "poisson"
+
+
+def test_a_result_too_large_to_replay_is_refused_before_anything_is_drawn(tmp_path):
+    # completed 3e9 was killed for lack of memory, 1e8 at 4 req/s (290 days) ran on for minutes
+    with pytest.raises(ConfigError, match=r"^r\.json: completed: 3000000000 requests; servesim simulates at most "
+                                          r"2147483647$"):
+        replay_workload(_result(completed=3e9), "r.json", tmp_path)
+    with pytest.raises(ConfigError, match=r"^r\.json: completed / request_rate: 100000000 requests at 4 req/s arrive "
+                                          r"over 2.5e\+07 s; servesim simulates at most 2.31e\+06 s"):
+        replay_workload(_result(completed=1e8, max_concurrency=None, request_rate=4.0), "r.json", tmp_path)
+    assert list(tmp_path.iterdir()) == []  # no lengths file written for a refused result

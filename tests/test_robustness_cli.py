@@ -272,6 +272,18 @@ def test_plot_with_unknown_heatmap_metric_writes_nothing(tmp_path, capsys):
     assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
 
 
+def test_plot_with_a_text_column_as_heatmap_metric_writes_nothing(tmp_path, capsys):
+    # metric=variant drew an empty heatmap and a CSV of blanks
+    sweep = _sweep_dir(tmp_path / "sweep", speedup=False)
+    before = {p.name: p.read_bytes() for p in sweep.iterdir()}
+    for metric in ("variant", "seed"):
+        assert main(["plot", str(sweep), "--heatmap", f"x=rate,y=variant,metric={metric}"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"servesim: error: --heatmap: metric='{metric}' is not a metric of summary.csv "
+                              "(expected a numeric column, e.g. ") and err.count("\n") == 1
+    assert {p.name: p.read_bytes() for p in sweep.iterdir()} == before
+
+
 def test_plot_removes_figures_the_sweep_no_longer_has(tmp_path, capsys):
     sweep = _sweep_dir(tmp_path / "sweep", speedup=True)
     assert main(["plot", str(sweep)]) == 0
@@ -570,3 +582,18 @@ def test_sweep_with_a_bad_executor_writes_nothing(tmp_path, capsys):
         assert main(["sweep", str(sweep), "--out", str(tmp_path / "out"), *bad]) == 2
         assert capsys.readouterr().err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_the_result_config_holds_the_seed_the_run_used():
+    # simulate(cfg, seed=3) ran with seed 3 while result.config.seed said the config's 0
+    import numpy as np
+
+    from servesim.api import simulate
+
+    cfg = dict(SMALL, workload=dict(SMALL["workload"], num_requests=20))
+    given = simulate(cfg, seed=3)
+    assert given.config.seed == 3 and simulate(cfg).config.seed == 0
+    # the same run as the config that says seed 3 (what a user would rerun from result.config)
+    again = simulate(given.config.model_dump(exclude_none=True))
+    assert again.summary == given.summary
+    assert simulate(cfg, seed=np.random.SeedSequence(3)).config.seed == 0  # a SeedSequence is no config seed

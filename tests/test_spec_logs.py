@@ -184,3 +184,25 @@ def test_cli_from_prometheus_and_llamacpp(tmp_path, capsys):
     rc = main(["acceptance", "from-prometheus", "--input", str(EXAMPLES / "llamacpp-server.log")])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "llamacpp-server.log: counter" in err
+
+
+@pytest.mark.parametrize("per_position, totals, message", [
+    # rates that rise with the position, a position above the drafts, a count beyond float range: each was
+    # a traceback (pydantic's ValidationError, an OverflowError)
+    ((300, 700, 500), (1000, 3000, 1500),
+     "p.prom: the counts: per_position_acceptance must be non-increasing, got [0.3, 0.7, 0.5]"),
+    ((1700, 300, 100), (1000, 3000, 2100),
+     "p.prom: the counts: per_position_acceptance.0: Input should be less than or equal to 1 (got 1.7)"),
+    ((300, 200, 100), ("1e400", 3000, 600), "p.prom: vllm:spec_decode_num_drafts: expected a finite count (got inf)"),
+])
+def test_prometheus_counts_no_profile_can_hold_are_one_line(tmp_path, capsys, per_position, totals, message):
+    drafts, draft_tokens, accepted = totals
+    lines = [f'vllm:spec_decode_num_drafts_total{{engine="0"}} {drafts}',
+             f'vllm:spec_decode_num_draft_tokens_total{{engine="0"}} {draft_tokens}',
+             f'vllm:spec_decode_num_accepted_tokens_total{{engine="0"}} {accepted}']
+    lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",position="{i}"}} {count}'
+              for i, count in enumerate(per_position)]
+    path = tmp_path / "p.prom"
+    path.write_text("\n".join(lines) + "\n")
+    assert main(["acceptance", "from-prometheus", "--input", str(path)]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {tmp_path}/{message}\n"

@@ -139,7 +139,8 @@ class SpecDecodeCounts:
         counts only steps with a draft); otherwise ``conditional_acceptance: [alpha]`` fitted at ``k``.
 
         Raises:
-            TraceError: no drafts were counted.
+            TraceError: no drafts were counted, or the counts make no acceptance profile (per-position
+                rates that rise with the position, or a rate above 1).
         """
         if self.num_drafts <= 0 or self.num_draft_tokens <= 0:
             raise TraceError(f"{self.source}: no speculative drafts counted (is speculative decoding enabled?)")
@@ -149,16 +150,23 @@ class SpecDecodeCounts:
         notes = "; ".join([stats, *self.notes])
         common = dict(name=name, method=method, model=model, dataset=dataset,
                       source=f"{self.kind} {self.source} via servesim acceptance")
+        from pydantic import ValidationError
+
+        from servesim.input_files import format_validation_error
+
         rates = self.per_position_acceptance
-        if rates is not None:
-            return AcceptanceProfile(**common, notes=notes,
-                                     per_position_acceptance=[round(float(r), 6) for r in rates],
+        try:
+            if rates is not None:
+                return AcceptanceProfile(**common, notes=notes,
+                                         per_position_acceptance=[round(float(r), 6) for r in rates],
+                                         rates_include_no_match=False)
+            alpha = self.fitted_alpha()
+            notes += (f"; only totals available: constant conditional rate alpha = {alpha:.6f} FITTED so that "
+                      f"1 + alpha + ... + alpha^{self.k} equals the mean acceptance length")
+            return AcceptanceProfile(**common, notes=notes, conditional_acceptance=[round(alpha, 6)],
                                      rates_include_no_match=False)
-        alpha = self.fitted_alpha()
-        notes += (f"; only totals available: constant conditional rate alpha = {alpha:.6f} FITTED so that "
-                  f"1 + alpha + ... + alpha^{self.k} equals the mean acceptance length")
-        return AcceptanceProfile(**common, notes=notes, conditional_acceptance=[round(alpha, 6)],
-                                 rates_include_no_match=False)
+        except ValidationError as exc:  # counts no acceptance profile can hold (rates that rise, a rate > 1)
+            raise TraceError(format_validation_error(exc, f"{self.source}: the counts")) from None
 
 
 def fit_constant_alpha(mean_length: float, k: int) -> float:
@@ -344,6 +352,8 @@ def parse_prometheus_text(text: str, source: str, baseline: str | None = None,
 
     def delta(name: str, key: str = "") -> int:
         v = now[name].get(key, 0.0) - before.get(name, {}).get(key, 0.0)
+        if not math.isfinite(v):
+            raise TraceError(f"{source}: {_PREFIX}{name}: expected a finite count (got {v})")
         if v < 0:
             raise TraceError(f"{source}: {_PREFIX}{name}: smaller than in {baseline_source} (server restarted?)")
         return int(round(v))

@@ -142,6 +142,18 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
             ``max_concurrency`` 0.
     """
     n = result_count(result, "completed", where) or 0
+    from servesim.workload.config import MAX_REQUESTS
+
+    if n > MAX_REQUESTS:  # numpy would try to hold them all first (a kill for lack of memory, not a message)
+        raise ConfigError(f"{where}: completed: {n:.0f} requests; servesim simulates at most {MAX_REQUESTS}")
+    early_rate = result_number(result, "request_rate", where, allow_inf=True)
+    if result.get("max_concurrency") is None and early_rate and math.isfinite(early_rate):
+        from servesim.wiring import MAX_SIMULATED_S
+
+        if n / early_rate > MAX_SIMULATED_S / 2:  # refused before the lengths and arrivals are drawn
+            raise ConfigError(f"{where}: completed / request_rate: {n} requests at {early_rate:g} req/s arrive over "
+                              f"{n / early_rate:.3g} s; servesim simulates at most {MAX_SIMULATED_S / 2:.3g} s "
+                              "(~26 days) of arrivals")
     ins, outs = result.get("input_lens"), result.get("output_lens")
     if isinstance(ins, list) and isinstance(outs, list) and len(ins) != len(outs):
         raise ConfigError(f"{where}: input_lens lists {len(ins)} requests and output_lens {len(outs)} (expected "
@@ -175,7 +187,15 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
         raise ConfigError(f"{where}: max_concurrency: expected a positive number of clients, or null for no limit "
                           "(got 0)")
     rate = result_number(result, "request_rate", where, allow_inf=True)
-    burst = result_number(result, "burstiness", where) or 1.0
+    if rate == 0:  # vllm bench serve sends nothing at rate 0: not a run to replay ("inf" is all at once)
+        raise ConfigError(f"{where}: request_rate: expected a positive rate in req/s, or \"inf\" for all at once "
+                          "(got 0)")
+    burst = result_number(result, "burstiness", where)
+    if burst is None:
+        burst = 1.0  # vllm bench serve's default: Poisson arrivals
+    elif not burst >= 1e-6:  # the gamma shape: vLLM needs > 0; a vanishing one makes gaps no clock can hold
+        raise ConfigError(f"{where}: burstiness: expected a positive gamma shape (1 = Poisson, smaller = burstier; "
+                          f"at least 1e-06), got {result['burstiness']!r}")
     if conc:
         return ({"type": "closed_loop", "concurrency": int(conc), "num_requests": n, "lengths": lengths},
                 f"{how}, resampled by {int(conc)} closed-loop clients")

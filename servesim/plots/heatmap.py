@@ -39,7 +39,8 @@ def heatmap_columns(summary: pd.DataFrame, x: str, y: str, metric: str) -> None:
     """Check that ``summary.csv`` has the heatmap's columns (``servesim plot`` calls it before drawing).
 
     Raises:
-        ConfigError: a missing column (one line; for the metric, the metric columns there are).
+        ConfigError: a missing column (one line; for the metric, the metric columns there are), or a metric
+            that is not a numeric column.
     """
     for role, col in (("x", x), ("y", y)):
         if col not in summary.columns:
@@ -48,6 +49,12 @@ def heatmap_columns(summary: pd.DataFrame, x: str, y: str, metric: str) -> None:
         known = [c for c in summary.columns if c not in ("variant", "replication", "seed", "point_id", x, y)]
         raise ConfigError(f"--heatmap: metric={metric!r} is not a column of summary.csv "
                           f"(e.g. {', '.join(known[:6])})")
+    if not pd.api.types.is_numeric_dtype(summary[metric]) or metric in ("replication", "seed"):
+        # a text column (variant, point_id) has no mean to colour a cell with
+        numeric = [c for c in summary.columns if pd.api.types.is_numeric_dtype(summary[c])
+                   and c not in ("replication", "seed", x, y)]
+        raise ConfigError(f"--heatmap: metric={metric!r} is not a metric of summary.csv (expected a numeric "
+                          f"column, e.g. {', '.join(numeric[:6])})")
 
 
 def heatmap_table(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols: list[str]) -> pd.DataFrame:
