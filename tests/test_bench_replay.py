@@ -105,3 +105,16 @@ def test_a_result_too_large_to_replay_is_refused_before_anything_is_drawn(tmp_pa
                                           r"over 2.5e\+07 s; servesim simulates at most 2.31e\+06 s"):
         replay_workload(_result(completed=1e8, max_concurrency=None, request_rate=4.0), "r.json", tmp_path)
     assert list(tmp_path.iterdir()) == []  # no lengths file written for a refused result
+
+
+def test_a_mistake_in_the_server_file_names_that_file(tmp_path, capsys):
+    # was "<cwd>/--vllm-bench: vllm_bench[0].config: engine.max_num_seq: ...", a path that does not exist
+    import yaml
+
+    (tmp_path / "r.json").write_text(json.dumps(_result()))
+    server = tmp_path / "server.yaml"
+    server.write_text(yaml.safe_dump({"hardware": "h100-sxm", "model": "llama-3.1-8b", "engine": {"max_num_seq": 8}}))
+    argv = ["validate", "--vllm-bench", str(tmp_path / "r.json"), "--server", str(server), "--out", str(tmp_path / "o")]
+    assert main(argv) == 2
+    err = capsys.readouterr().err  # after the progress line "running r"
+    assert err.splitlines()[-1] == f"servesim: error: {server}: engine.max_num_seq: unknown key (did you mean max_num_seqs?)"

@@ -406,16 +406,18 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
                           f"{', '.join(key for key, _, _, _ in METRICS)} > 0)")
     server = case.config
     folder = base
+    source = f"{where}.config"  # an inline server config: named by its case
     if isinstance(server, str):
         path = Path(server) if Path(server).is_absolute() else base / server
         server = load_yaml(path)
         if not isinstance(server, dict):
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
         folder = path.resolve().parent
+        source = str(path)  # a mistake in the server's file (--server) names that file
     with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:
         workload, how = replay_workload(result, str(result_path), Path(tmp))
         data = {**server, "workload": workload}
-        cfg = validate_config(data, f"{where}.config")
+        cfg = validate_config(data, source)
         summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
     out = []
     for key, sim_key, unit, factor in METRICS:
