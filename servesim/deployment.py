@@ -316,7 +316,7 @@ def build_deployment(cfg, folder: Path, root: np.random.SeedSequence):
 
     p = prepare(cfg, folder, root)
     dep = cfg.deployment
-    check_deployment_size(dep.replicas, len(p.workload.prompt_tokens))
+    check_deployment_size(dep.replicas, len(p.workload))
     info = dict(p.info)
     routing = None
     if dep.router == "prefix_aware":

@@ -204,9 +204,7 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     kind = err.get("type", "")
     if kind == "extra_forbidden" and suggestion is None and model is not None:
         suggestion = _close_key(err["loc"][-1], _keys_at(model, tuple(err["loc"])[:-1]))
-    loc = user_path(tuple(err.get("loc", ())), data, key_error=kind in ("missing", "extra_forbidden"))
-    if key_prefix:
-        loc = f"{key_prefix}.{loc}" if loc else key_prefix
+    loc = _user_field(err, data, key_prefix)
     msg = err.get("msg", "invalid value")
     if msg.startswith("Value error, "):  # pydantic's prefix for our own validators' messages
         msg = msg[len("Value error, "):]
@@ -233,17 +231,21 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
     more = len(errors) - 1
     others: list[str] = []  # the other errors' fields, so that one run tells every field to fix
     for other in errors:
-        if other is err:
-            continue
-        path = user_path(tuple(other.get("loc", ())), data,
-                         key_error=other.get("type") in ("missing", "extra_forbidden"))
-        path = f"{key_prefix}.{path}" if key_prefix and path else (path or key_prefix or "")
+        path = _user_field(other, data, key_prefix) if other is not err else ""
         if path and path != loc and path not in others:
             others.append(path)
     fields = f": {', '.join(others[:4])}{', ...' if len(others) > 4 else ''}" if others else ""
     tail = f" [and {more} more error{'s' if more > 1 else ''}{fields}]" if more > 0 else ""
     field = f" {loc}:" if loc else ""
     return f"{source}:{field} {msg}{shown}{tail}"
+
+
+def _user_field(error: dict, data: Any, key_prefix: str | None) -> str:
+    """A pydantic error's field as the user types it (:func:`user_path`), below ``key_prefix`` if given."""
+    path = user_path(tuple(error.get("loc", ())), data, key_error=error.get("type") in ("missing", "extra_forbidden"))
+    if not key_prefix:
+        return path
+    return f"{key_prefix}.{path}" if path else key_prefix
 
 
 def _close_key(key: Any, known: Any) -> str | None:

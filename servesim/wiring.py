@@ -360,6 +360,9 @@ def _spec_setup(spec, drafter, workload, folder: Path, root: np.random.SeedSeque
 MAX_SIMULATED_S = 2**62 / PS_PER_S
 """Longest simulated time span (s, about 53 days): the engine's clock is int64 picoseconds."""
 
+MAX_ARRIVAL_SPAN_S = MAX_SIMULATED_S / 2
+"""Longest span of arrivals (s, about 26 days): half the clock, so that the last arrival can still be served."""
+
 MAX_STEP_S = 2**46 / PS_PER_S
 """Longest engine step (s, about 70 s): a step's duration is held in int64 units of 2^-16 ps
 (:data:`servesim.roofline.SUBPS_BITS`) with room for a run's sums."""
@@ -373,17 +376,17 @@ def arrival_source(workload) -> ArrivalSource:
     """
     if workload.concurrency is None:
         last = float(np.max(workload.arrival_s)) if len(workload.arrival_s) else 0.0
-        if not last <= MAX_SIMULATED_S / 2:
+        if not last <= MAX_ARRIVAL_SPAN_S:
             raise SettingError(
                 f"workload: the last request arrives at {last:.3g} s; servesim simulates at most "
-                f"{MAX_SIMULATED_S / 2:.3g} s (~26 days) of arrivals: raise the rate or rate_scale"
+                f"{MAX_ARRIVAL_SPAN_S:.3g} s (~26 days) of arrivals: raise the rate or rate_scale"
             )
         # int64 array: 8 bytes per request rather than an int object each (read a few times per request)
         times = array("q", np.rint(np.asarray(workload.arrival_s, dtype=np.float64) * PS_PER_S).astype(np.int64).tobytes())
         return ArrivalSource(times=times, num_requests=len(times))
-    if not workload.think_time_s <= MAX_SIMULATED_S / 2:
+    if not workload.think_time_s <= MAX_ARRIVAL_SPAN_S:
         raise SettingError(
-            f"workload.think_time_s: expected at most {MAX_SIMULATED_S / 2:.3g} s (~26 days), the longest span of "
+            f"workload.think_time_s: expected at most {MAX_ARRIVAL_SPAN_S:.3g} s (~26 days), the longest span of "
             f"arrivals servesim simulates (got {workload.think_time_s:.3g})"
         )
     return ArrivalSource(

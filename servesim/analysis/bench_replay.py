@@ -34,6 +34,7 @@ from pydantic import ConfigDict, Field
 
 from servesim.input_models import InputModel
 from servesim.errors import ConfigError
+from servesim.workload.config import MAX_REQUESTS
 from servesim.workload.rawtrace import MAX_TOKEN_COUNT
 
 METRICS: tuple[tuple[str, str, str, float], ...] = (
@@ -138,22 +139,35 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
 
     Raises:
         ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals), lists input
-            and output lengths of different counts, lists fewer requests than ``completed``, or has
-            ``max_concurrency`` 0.
+            and output lengths of different counts, lists fewer requests than ``completed``, has
+            ``max_concurrency`` or ``request_rate`` 0 or a burstiness below 1e-6, or more requests or a longer
+            span of arrivals than servesim simulates.
     """
     n = result_count(result, "completed", where) or 0
-    from servesim.workload.config import MAX_REQUESTS
-
     if n > MAX_REQUESTS:  # numpy would try to hold them all first (a kill for lack of memory, not a message)
         raise ConfigError(f"{where}: completed: {n:.0f} requests; servesim simulates at most {MAX_REQUESTS}")
-    early_rate = result_number(result, "request_rate", where, allow_inf=True)
-    if result.get("max_concurrency") is None and early_rate and math.isfinite(early_rate):
-        from servesim.wiring import MAX_SIMULATED_S
+    # how the benchmark sent them, checked before the lengths and arrivals are drawn
+    conc = result_count(result, "max_concurrency", where)
+    if conc == 0:  # vllm bench serve writes null for no limit; 0 clients would send nothing
+        raise ConfigError(f"{where}: max_concurrency: expected a positive number of clients, or null for no limit "
+                          "(got 0)")
+    rate = result_number(result, "request_rate", where, allow_inf=True)
+    if rate == 0:  # vllm bench serve sends nothing at rate 0: not a run to replay ("inf" is all at once)
+        raise ConfigError(f"{where}: request_rate: expected a positive rate in req/s, or \"inf\" for all at once "
+                          "(got 0)")
+    if not conc and rate is not None and math.isfinite(rate):
+        from servesim.wiring import MAX_ARRIVAL_SPAN_S
 
-        if n / early_rate > MAX_SIMULATED_S / 2:  # refused before the lengths and arrivals are drawn
-            raise ConfigError(f"{where}: completed / request_rate: {n} requests at {early_rate:g} req/s arrive over "
-                              f"{n / early_rate:.3g} s; servesim simulates at most {MAX_SIMULATED_S / 2:.3g} s "
+        if n / rate > MAX_ARRIVAL_SPAN_S:
+            raise ConfigError(f"{where}: completed / request_rate: {n} requests at {rate:g} req/s arrive over "
+                              f"{n / rate:.3g} s; servesim simulates at most {MAX_ARRIVAL_SPAN_S:.3g} s "
                               "(~26 days) of arrivals")
+    burst = result_number(result, "burstiness", where)
+    if burst is None:
+        burst = 1.0  # vllm bench serve's default: Poisson arrivals
+    elif not burst >= 1e-6:  # the gamma shape: vLLM needs > 0; a vanishing one makes gaps no clock can hold
+        raise ConfigError(f"{where}: burstiness: expected a positive gamma shape (1 = Poisson, smaller = burstier; "
+                          f"at least 1e-06), got {result['burstiness']!r}")
     ins, outs = result.get("input_lens"), result.get("output_lens")
     if isinstance(ins, list) and isinstance(outs, list) and len(ins) != len(outs):
         raise ConfigError(f"{where}: input_lens lists {len(ins)} requests and output_lens {len(outs)} (expected "
@@ -182,20 +196,6 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
     rows += [f"2024-01-01 00:00:00.0000000,{i},{o}" for i, o in pairs]
     trace.write_text("\n".join(rows) + "\n", encoding="utf-8")
     lengths = {"type": "empirical", "path": str(trace), "format": "azure"}
-    conc = result_count(result, "max_concurrency", where)
-    if conc == 0:  # vllm bench serve writes null for no limit; 0 clients would send nothing
-        raise ConfigError(f"{where}: max_concurrency: expected a positive number of clients, or null for no limit "
-                          "(got 0)")
-    rate = result_number(result, "request_rate", where, allow_inf=True)
-    if rate == 0:  # vllm bench serve sends nothing at rate 0: not a run to replay ("inf" is all at once)
-        raise ConfigError(f"{where}: request_rate: expected a positive rate in req/s, or \"inf\" for all at once "
-                          "(got 0)")
-    burst = result_number(result, "burstiness", where)
-    if burst is None:
-        burst = 1.0  # vllm bench serve's default: Poisson arrivals
-    elif not burst >= 1e-6:  # the gamma shape: vLLM needs > 0; a vanishing one makes gaps no clock can hold
-        raise ConfigError(f"{where}: burstiness: expected a positive gamma shape (1 = Poisson, smaller = burstier; "
-                          f"at least 1e-06), got {result['burstiness']!r}")
     if conc:
         return ({"type": "closed_loop", "concurrency": int(conc), "num_requests": n, "lengths": lengths},
                 f"{how}, resampled by {int(conc)} closed-loop clients")

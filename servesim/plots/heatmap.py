@@ -45,14 +45,16 @@ def heatmap_columns(summary: pd.DataFrame, x: str, y: str, metric: str) -> None:
     for role, col in (("x", x), ("y", y)):
         if col not in summary.columns:
             raise ConfigError(f"--heatmap: {role}={col!r} is not a column of summary.csv")
+    # summary.csv's bookkeeping columns, which no heatmap colours by
+    bookkeeping = ("variant", "replication", "seed", "point_id")
     if metric not in summary.columns:
-        known = [c for c in summary.columns if c not in ("variant", "replication", "seed", "point_id", x, y)]
+        known = [c for c in summary.columns if c not in (*bookkeeping, x, y)]
         raise ConfigError(f"--heatmap: metric={metric!r} is not a column of summary.csv "
                           f"(e.g. {', '.join(known[:6])})")
-    if not pd.api.types.is_numeric_dtype(summary[metric]) or metric in ("replication", "seed"):
-        # a text column (variant, point_id) has no mean to colour a cell with
+    if metric in bookkeeping or not pd.api.types.is_numeric_dtype(summary[metric]):
+        # a text column has no mean to colour a cell with, a replication or seed number none that means anything
         numeric = [c for c in summary.columns if pd.api.types.is_numeric_dtype(summary[c])
-                   and c not in ("replication", "seed", x, y)]
+                   and c not in (*bookkeeping, x, y)]
         raise ConfigError(f"--heatmap: metric={metric!r} is not a metric of summary.csv (expected a numeric "
                           f"column, e.g. {', '.join(numeric[:6])})")
 

@@ -343,12 +343,13 @@ def run_sweep(
         bar.update(1)
 
     figures = plot_figures(out)
+    earlier_outputs = list(SWEEP_TABLES) + figures  # an earlier invocation's tables and the figures drawn from them
     try:
         # interrupted: an earlier invocation's tables (maybe of another grid) and the figures drawn from them
         # must not look like this one's
         # (the earlier tables and figures stay while it runs: figures of a table it writes again unchanged
         # still hold; a changed table removes them)
-        with replacing_outputs(out, SWEEP_TABLES + tuple(figures), before=False), open_executor(executor, jobs) as pool:
+        with replacing_outputs(out, earlier_outputs, before=False), open_executor(executor, jobs) as pool:
             # once the workers are there (a Dask scheduler that cannot be reached leaves nothing behind)
             (out / "points").mkdir(parents=True, exist_ok=True)
             manifest = out / "sweep.json"
@@ -357,7 +358,7 @@ def run_sweep(
             if manifest.read_bytes() != earlier_manifest:
                 # another grid, seed or baseline: the earlier tables and their figures are not this sweep's,
                 # gone before any run (a kill that no handler sees must not leave them looking current)
-                remove_stale(out, list(SWEEP_TABLES) + figures)
+                remove_stale(out, earlier_outputs)
             if pool is None:
                 for task in pending():
                     finish(task, *execute_task(simulate, task.config, task.seed, base_dir))
