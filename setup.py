@@ -14,10 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
 #: The modules compiled: the engine's hot path (per step and per run of steps).
@@ -35,6 +37,10 @@ COMPILED = [
 DIRECTIVES = {"language_level": 3, "infer_types": False, "annotation_typing": False, "cpow": True,
               "binding": True}
 MANIFEST = "_compiled.json"  # servesim.compiled.MANIFEST's file name
+#: servesim.shipped.SHIPPED_FOLDERS and PACKAGE_COPY (setup.py does not import the package it builds): the
+#: data folders of the clone a wheel carries inside the package
+SHIPPED_FOLDERS = ("hardware", "workloads/acceptance", "experiments/validation")
+PACKAGE_COPY = "_shipped"
 
 
 def _source(name: str) -> Path:
@@ -57,6 +63,22 @@ class BuildCompiled(build_ext):
         (package / MANIFEST).write_text(json.dumps(built, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
 
+class BuildWithData(build_py):
+    """build_py that copies the clone's shipped data folders into the built package (``servesim/_shipped``),
+    so that a wheel or a plain ``pip install .`` has the cards, acceptance profiles and validation cases;
+    an editable install reads the clone's own folders and copies nothing."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        target = Path(self.build_lib) / "servesim" / PACKAGE_COPY
+        shutil.rmtree(target, ignore_errors=True)
+        for folder in SHIPPED_FOLDERS:
+            shutil.copytree(HERE / folder, target / folder,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".*"))
+
+
 def _extensions() -> list[Extension]:
     # the rule of servesim.compiled.pure_python_requested (setup.py does not import the package it builds)
     if os.environ.get("SERVESIM_PURE_PYTHON", "") not in ("", "0"):
@@ -70,4 +92,4 @@ def _extensions() -> list[Extension]:
     return cythonize(extensions, compiler_directives=DIRECTIVES, build_dir="build/cython", quiet=True)
 
 
-setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildCompiled})
+setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildCompiled, "build_py": BuildWithData})

@@ -44,6 +44,7 @@ from pydantic import ConfigDict, Field, model_validator
 from servesim.input_models import InputModel
 from servesim.analysis.bench_replay import BenchCase
 from servesim.errors import ConfigError
+from servesim.shipped import shipped_dir
 
 CSV_COLUMNS = [
     "case", "source", "metric", "unit", "measured", "measured_low", "measured_high", "simulated",
@@ -196,8 +197,9 @@ class CaseResult:
 
 
 def default_cases_dir() -> Path:
-    """``experiments/validation/`` of the source tree (the cases ``servesim validate`` runs by default)."""
-    return Path(__file__).resolve().parents[2] / "experiments" / "validation"
+    """The cases ``servesim validate`` runs by default: the clone's ``experiments/validation/`` or an
+    installed package's copy of it (:func:`servesim.shipped.shipped_dir`)."""
+    return shipped_dir("experiments/validation")
 
 
 def load_case_file(path: str | Path) -> list[LoadedCase]:

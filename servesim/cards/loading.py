@@ -24,6 +24,7 @@ from servesim.cards.hardware import HardwareCard
 from servesim.cards.model import ModelCard
 from servesim.input_files import load_json, load_yaml, validate
 from servesim.errors import ConfigError
+from servesim.shipped import shipped_dir
 
 CardSpec = str | os.PathLike[str] | Mapping[str, Any]
 Kind = Literal["gpus", "models"]
@@ -45,7 +46,7 @@ def cards_dirs() -> tuple[Path, ...]:
 
 @lru_cache(maxsize=1)
 def _repo_hardware_dir() -> Path:
-    return Path(__file__).resolve().parent.parent.parent / "hardware"
+    return shipped_dir("hardware")
 
 
 def normalize_card_name(name: str) -> str:

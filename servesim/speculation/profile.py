@@ -53,6 +53,7 @@ from pydantic import ConfigDict, Field, model_validator
 from servesim.input_models import InputModel
 from servesim.input_files import load_yaml, validate
 from servesim.errors import ConfigError
+from servesim.shipped import shipped_dir
 
 __all__ = [
     "SPEC_METHODS",
@@ -403,8 +404,9 @@ def sample_accepted(u: np.ndarray, k: int | np.ndarray, conditional_rates: np.nd
 
 # ---------------------------------------------------------------------- loading
 def profiles_dir() -> Path:
-    """``<repo root>/workloads/acceptance`` where repo root is the parent of the ``servesim`` package."""
-    return Path(__file__).resolve().parents[2] / "workloads" / "acceptance"
+    """The shipped acceptance profiles' folder: the clone's ``workloads/acceptance`` or an installed
+    package's copy of it (:func:`servesim.shipped.shipped_dir`)."""
+    return shipped_dir("workloads/acceptance")
 
 
 def available_profiles() -> list[str]:
