@@ -246,6 +246,15 @@ def test_a_measurement_window_that_holds_no_request_is_refused(tmp_path, capsys,
     assert list(out.iterdir()) == []
 
 
+def test_a_measurement_window_from_set_names_set(tmp_path, capsys):
+    # was "c.yaml: simulation.measure: ...": the file held no such window, the command line gave it
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet",
+                 "--set", "simulation.measure.after_completed=60"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("servesim: error: --set: simulation.measure: the window from "), err
+
+
 def test_the_other_errors_name_their_fields(tmp_path, capsys):
     # "[and 2 more errors]" named none of them: one field fixed per run
     bad = {**SMALL, "engine": {"max_num_seqs": -1, "block_size": "x"}, "workload": {**SMALL["workload"], "rate": -1}}

@@ -595,3 +595,69 @@ def test_a_run_config_names_a_workload_file_whose_paths_are_its_own(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_config(tmp_path / "cfg" / "c.yaml")
     assert str(info.value) == f"{tmp_path / 'cfg' / 'c.yaml'}: workload: {tmp_path / 'cfg' / 'none.yaml'}: file not found"
+
+
+# ---------------------------------------------------------------- memory bound (servesim.workload.memory_bound)
+def test_available_memory_reads_the_kernels_figure() -> None:
+    from servesim.workload.memory_bound import available_memory_bytes
+
+    with open("/proc/meminfo", encoding="ascii") as meminfo:
+        lines = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in meminfo}
+    got = available_memory_bytes()
+    # MemAvailable moves while the test runs: within a few percent of a fresh reading, below MemTotal
+    assert got is not None and abs(got - lines["MemAvailable"]) < 0.05 * lines["MemTotal"]
+    assert got <= lines["MemTotal"]
+
+
+@pytest.mark.parametrize(("workload", "message"), [
+    ({"type": "poisson", "rate": 10.0, "num_requests": 2_000_001},
+     "workload.num_requests: 2,000,001 requests would need about 2 GB of memory (servesim holds about 1,000 "
+     "bytes per request), more than the 2 GB available: simulate fewer requests"),
+    ({"type": "gamma", "rate": 10.0, "cv": 2.0, "duration_s": 200_000.1},
+     "workload.duration_s: 2,000,001 expected requests would need about 2 GB of memory"),
+    ({"type": "closed_loop", "concurrency": 4, "think_time_s": 0.0, "num_requests": 2_000_001},
+     "workload.num_requests: 2,000,001 requests would need"),
+    ({"type": "multi_turn", "rate": 1.0, "num_sessions": 2_000_001, "think_time_s": 1.0,
+      "turns": {"type": "fixed", "value": 1}},
+     "workload.num_sessions: 2,000,001 sessions would need"),
+    ({"type": "multi_turn", "rate": 1.0, "num_sessions": 2, "think_time_s": 1.0,
+      "turns": {"type": "fixed", "value": 1_000_001}},
+     "workload.turns: 2,000,002 turns (requests) would need"),
+])
+def test_a_workload_beyond_the_memory_is_refused_before_drawing(monkeypatch: pytest.MonkeyPatch, workload,
+                                                                message) -> None:
+    # 10^8 requests were killed by the kernel for memory part way: now refused before drawing
+    import servesim.workload.memory_bound as memory_bound
+    from servesim.errors import SettingError
+
+    monkeypatch.setattr(memory_bound, "available_memory_bytes", lambda: 2_000_000_000)
+    lengths = {"prompt_tokens": {"type": "fixed", "value": 10}, "output_tokens": {"type": "fixed", "value": 5}}
+    if workload["type"] == "multi_turn":
+        lengths = {"message_tokens": lengths["prompt_tokens"], "output_tokens": lengths["output_tokens"]}
+    config = cfg({**workload, **lengths})
+    with pytest.raises(SettingError) as excinfo:
+        build_workload(config, np.random.default_rng(0))
+    assert str(excinfo.value).startswith(message)
+    # the same kind of workload, small: built
+    monkeypatch.setattr(memory_bound, "available_memory_bytes", lambda: 10**12)
+    small = {**workload}
+    for key in ("num_requests", "num_sessions"):
+        if key in small:
+            small[key] = 3
+    if "duration_s" in small:
+        small["duration_s"] = 1.0
+    if small["type"] == "multi_turn":
+        small["turns"] = {"type": "fixed", "value": 2}
+    assert len(build_workload(cfg({**small, **lengths}), np.random.default_rng(0))) >= 1
+
+
+def test_the_memory_bound_is_bytes_per_request_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    import servesim.workload.memory_bound as memory_bound
+    from servesim.errors import SettingError
+
+    monkeypatch.setattr(memory_bound, "available_memory_bytes", lambda: 1_000 * memory_bound.BYTES_PER_REQUEST)
+    memory_bound.check_requests_fit(1_000, "workload.num_requests")  # fits exactly
+    with pytest.raises(SettingError):
+        memory_bound.check_requests_fit(1_001, "workload.num_requests")
+    monkeypatch.setattr(memory_bound, "available_memory_bytes", lambda: None)  # unknown: not refused
+    memory_bound.check_requests_fit(10**12, "workload.num_requests")

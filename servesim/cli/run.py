@@ -181,8 +181,8 @@ def run(args: argparse.Namespace) -> int:
         with naming_option_of("speculative_config", option, cfg.source), naming_set_keys(set_keys(args.overrides),
                                                                                          cfg.source):
             result = simulate(cfg, seed=args.seed, base_dir=folder)
-        summary = dict(result.summary)
-        _check_window(summary, cfg)
+            summary = dict(result.summary)
+            _check_window(summary, cfg)
         summary["setup"] = result.info
         summary["seed"] = cfg.seed if args.seed is None else args.seed
         write_outputs(result.output, summary, out_dir)

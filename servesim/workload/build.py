@@ -19,6 +19,7 @@ from servesim.workload.config import (
 )
 from servesim.errors import TraceError
 from servesim.workload.lengths import resolve_path
+from servesim.workload.memory_bound import check_synthetic_size
 from servesim.workload.system_prompts import draw_system_prompts, prepend_system_prompts
 from servesim.workload.trace import load_trace
 from servesim.workload.workload import Workload
@@ -97,6 +98,8 @@ def _build_requests(cfg: WorkloadConfig, rng: np.random.Generator, base_dir: Pat
     from servesim.workload.arrival_processes import gamma_arrivals, poisson_arrivals
 
     arrival_rng, prompt_rng, output_rng = rng.spawn(3)
+    check_synthetic_size(cfg.num_requests, getattr(cfg, "rate", None), getattr(cfg, "duration_s", None),
+                         "num_requests")
     if isinstance(cfg, ClosedLoopWorkloadConfig):
         n = cfg.num_requests
         arrival_s = np.full(n, np.nan)

@@ -39,6 +39,7 @@ from servesim.workload.arrival_processes import gamma_arrivals, poisson_arrivals
 from servesim.workload.content import NAMESPACE_MESSAGE, NAMESPACE_OUTPUT, SequenceContent, content_id
 from servesim.workload.system_prompts import draw_system_prompts, prepend_system_prompts
 from servesim.workload.workload import Sessions, Workload
+from servesim.workload.memory_bound import check_requests_fit, check_synthetic_size
 
 if TYPE_CHECKING:
     from servesim.workload.config import MultiTurnWorkloadConfig
@@ -77,6 +78,7 @@ def build_multi_turn(cfg: MultiTurnWorkloadConfig, rng: np.random.Generator, bas
         TraceError: an empirical length distribution's trace is missing or malformed.
     """
     start_rng, turns_rng, message_rng, output_rng, think_rng, system_rng = rng.spawn(6)
+    check_synthetic_size(cfg.num_sessions, cfg.rate, cfg.duration_s, "num_sessions")
     if cfg.cv == 1:
         starts = poisson_arrivals(cfg.rate, start_rng, cfg.num_sessions, cfg.duration_s)
     else:
@@ -87,6 +89,7 @@ def build_multi_turn(cfg: MultiTurnWorkloadConfig, rng: np.random.Generator, bas
     output_dist = cfg.output_tokens.build(base_dir)
     turns = turns_dist.sample(turns_rng, num_sessions)
     n = int(turns.sum())
+    check_requests_fit(n, "workload.turns", "turns (requests)")
     session = np.repeat(np.arange(num_sessions, dtype=np.int64), turns)
     first = np.cumsum(turns) - turns  # position of each session's turn 0 in session order
     turn = np.arange(n, dtype=np.int64) - np.repeat(first, turns)
