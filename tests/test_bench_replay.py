@@ -118,3 +118,30 @@ def test_a_mistake_in_the_server_file_names_that_file(tmp_path, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err  # after the progress line "running r"
     assert err.splitlines()[-1] == f"servesim: error: {server}: engine.max_num_seq: unknown key (did you mean max_num_seqs?)"
+
+
+def test_two_results_of_one_name_are_told_apart_and_one_file_twice_is_refused(tmp_path, capsys):
+    # both were named "r": six rows r-ttft_s, ..., r-ttft_s, ... with no way to tell which file each compared
+    args = _write(tmp_path, _result())
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "r.json").write_text(json.dumps(_result(mean_tpot_ms=STEP_S * 1e3 * 1.3)))
+    first = str(tmp_path / "r.json")
+    second = str(tmp_path / "b" / "r.json")
+    assert main(args + ["--vllm-bench", second]) == 0
+    out = capsys.readouterr().out
+    names = [row.split(",")[0] for row in (tmp_path / "out" / "validation.csv").read_text().splitlines()[1:]]
+    stem = first.removesuffix(".json")
+    assert names == [f"{stem}-ttft_s", f"{stem}-tpot_s", f"{stem}-output_throughput",
+                     f"{second.removesuffix('.json')}-ttft_s", f"{second.removesuffix('.json')}-tpot_s",
+                     f"{second.removesuffix('.json')}-output_throughput"]
+    # the one case outside: its file, how it was replayed, and no "no note"
+    assert (f"Outside tolerance:\n  {second.removesuffix('.json')}-tpot_s: [4 requests of the mean lengths 10 / 11 "
+            "tokens (no input_lens in the result), resampled by 1 closed-loop client]\n") in out
+    # the same file twice (another spelling of its path): refused, nothing run or written
+    (tmp_path / "out2").mkdir()
+    twice = ["validate", "--vllm-bench", first, "--vllm-bench", str(tmp_path / "b" / ".." / "r.json"),
+             "--server", str(tmp_path / "server.yaml"), "--out", str(tmp_path / "out2")]
+    assert main(twice) == 2
+    assert capsys.readouterr().err == (f"servesim: error: validate: --vllm-bench: {tmp_path / 'b' / '..' / 'r.json'} "
+                                       f"given twice (as {first}; expected each result file once)\n")
+    assert list((tmp_path / "out2").iterdir()) == []

@@ -105,6 +105,27 @@ def test_prometheus_baseline_and_one_based_positions():
         parse_prometheus_text("vllm:spec_decode_num_draft_tokens_total 5\n", "x.prom")
 
 
+def test_prometheus_positions_must_sum_to_the_accepted_total():
+    # was accepted: a total of 250 with positions summing to 600 gave a profile from the positions and a mean
+    # acceptance length from the total, two different servers' figures
+    scrape = "\n".join([
+        "vllm:spec_decode_num_drafts 1000", "vllm:spec_decode_num_draft_tokens 2000",
+        "vllm:spec_decode_num_accepted_tokens {total}",
+        'vllm:spec_decode_num_accepted_tokens_per_pos{{position="0"}} 600',
+        'vllm:spec_decode_num_accepted_tokens_per_pos{{position="1"}} 400',
+    ])
+    # within 1% (a scrape between vLLM's two updates of a step): read, the total kept as counted
+    assert parse_prometheus_text(scrape.format(total=1010), "m.prom").num_accepted_tokens == 1010
+    assert parse_prometheus_text(scrape.format(total=990), "m.prom").num_accepted_tokens == 990
+    for total in (1011, 989, 250):  # 1% of the larger count off, or far off
+        with pytest.raises(TraceError) as excinfo:
+            parse_prometheus_text(scrape.format(total=total), "m.prom")
+        assert str(excinfo.value) == (
+            "m.prom: vllm:spec_decode_num_accepted_tokens_per_pos sums to 1000 accepted tokens over its 2 "
+            f"positions, vllm:spec_decode_num_accepted_tokens counts {total} (expected the same count: both "
+            "from one server and run)")
+
+
 def test_fit_constant_alpha_closed_forms():
     assert fit_constant_alpha(1.7, 1) == pytest.approx(0.7, abs=1e-12)  # AL = 1 + alpha
     assert fit_constant_alpha(1.75, 2) == pytest.approx(0.5, abs=1e-12)  # 1 + 0.5 + 0.25

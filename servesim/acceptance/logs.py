@@ -300,6 +300,9 @@ _PROM_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)(?:\s+\S
 _PROM_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"')
 _PREFIX = "vllm:spec_decode_"
 _TOTALS = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
+#: Largest share by which the per-position accepted counts may differ from the accepted total (a scrape
+#: taken between vLLM's two updates of one step): 1%.
+ACCEPTED_SUM_TOLERANCE = 0.01
 _PER_POS = "num_accepted_tokens_per_pos"
 
 
@@ -340,8 +343,9 @@ def parse_prometheus_text(text: str, source: str, baseline: str | None = None,
     """Spec-decode counters from Prometheus text exposition (minus a ``baseline`` scrape if given).
 
     Raises:
-        TraceError: a counter is missing, a malformed sample, positions that are not 0..k-1 (or 1..k), or a
-        baseline larger than the scrape.
+        TraceError: a counter is missing, a malformed sample, positions that are not 0..k-1 (or 1..k), a
+        baseline larger than the scrape, or per-position counts that do not sum to the accepted total
+        (within :data:`ACCEPTED_SUM_TOLERANCE`).
     """
     now = _prom_samples(text, source)
     before = _prom_samples(baseline, baseline_source) if baseline is not None else {}
@@ -363,8 +367,17 @@ def parse_prometheus_text(text: str, source: str, baseline: str | None = None,
     if start not in (0, 1) or positions != list(range(start, start + len(positions))):
         raise TraceError(f"{source}: {_PREFIX}{_PER_POS}: positions {positions} are not 0..k-1")
     per_pos = [delta(_PER_POS, str(p)) for p in positions]
+    accepted = delta("num_accepted_tokens")
+    # vLLM adds a step's accepted tokens to the total and 1 to each accepted position together
+    # (vllm/v1/spec_decode/metrics.py), so the positions sum to the total; a scrape taken between the two
+    # may miss one step's share, while counters of different servers or runs differ by far more
+    if abs(sum(per_pos) - accepted) > ACCEPTED_SUM_TOLERANCE * max(accepted, sum(per_pos), 1):
+        raise TraceError(f"{source}: {_PREFIX}{_PER_POS} sums to {sum(per_pos)} accepted tokens over its "
+                         f"{len(per_pos)} positions, {_PREFIX}num_accepted_tokens counts {accepted} (expected the "
+                         "same count: both from one server and run" + (", the baseline too" if baseline is not None
+                                                                       else "") + ")")
     notes = ["vLLM Prometheus counters" + (f" minus {baseline_source}" if baseline is not None else "")]
-    return SpecDecodeCounts(delta("num_drafts"), delta("num_draft_tokens"), delta("num_accepted_tokens"),
+    return SpecDecodeCounts(delta("num_drafts"), delta("num_draft_tokens"), accepted,
                             per_pos, len(per_pos), source, "vllm-prometheus", notes)
 
 

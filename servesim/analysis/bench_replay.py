@@ -198,7 +198,7 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
     lengths = {"type": "empirical", "path": str(trace), "format": "azure"}
     if conc:
         return ({"type": "closed_loop", "concurrency": int(conc), "num_requests": n, "lengths": lengths},
-                f"{how}, resampled by {int(conc)} closed-loop clients")
+                f"{how}, resampled by {int(conc)} closed-loop client{'s' if int(conc) != 1 else ''}")
     if rate is not None and math.isfinite(rate) and rate > 0:
         if burst == 1.0:
             return ({"type": "poisson", "rate": rate, "num_requests": n, "lengths": lengths},

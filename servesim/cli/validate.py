@@ -36,6 +36,28 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 VALIDATE_OUTPUTS = COMMAND_OUTPUTS["validate"]
 
 
+def bench_case_names(results: list[str]) -> list[str]:
+    """The case names of ``--vllm-bench`` result files: each file's stem (``runs/r.json`` -> ``r``), or,
+    where two files share a stem, the path as given without its suffix (``a/r``, ``b/r``), so that every
+    row of the report says which file it compares.
+
+    Raises:
+        ConfigError: the same file given twice.
+    """
+    from servesim.errors import ConfigError
+
+    seen: dict[Path, str] = {}
+    for result in results:
+        resolved = Path(result).resolve()
+        if resolved in seen:
+            raise ConfigError(f"validate: --vllm-bench: {result} given twice (as {seen[resolved]}; expected each "
+                              "result file once)")
+        seen[resolved] = result
+    stems = [Path(result).stem for result in results]
+    return [stem if stems.count(stem) == 1 else Path(result).with_suffix("").as_posix()
+            for result, stem in zip(results, stems)]
+
+
 def run(args: argparse.Namespace) -> int:
     """Run the cases, print the report, write the CSV and PNG; returns 0, or 1 with ``--strict`` when a case
     is outside its tolerance (errors raise ServesimError)."""
@@ -55,8 +77,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError("validate: --vllm-bench needs --server CONFIG.yaml (the server's settings)")
         if not 0 < args.tolerance < 1:
             raise ConfigError(f"validate: --tolerance: expected a fraction in (0, 1) (got {args.tolerance})")
-        for i, result in enumerate(bench):
-            case = BenchCase(name=Path(result).stem, bench_result=str(Path(result).resolve()),
+        for i, (result, name) in enumerate(zip(bench, bench_case_names(bench))):
+            case = BenchCase(name=name, bench_result=str(Path(result).resolve()),
                              config=str(Path(args.server).resolve()), tolerance=args.tolerance)
             cases.append(LoadedCase(case=case, file=Path.cwd() / "--vllm-bench", index=i, key="vllm_bench"))
     if not cases:
@@ -75,8 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if outside:
         print("Outside tolerance:")
         for r in outside:
-            why = r.notes or "no note"
-            extra = f" [{r.detail}]" if r.detail else ""
-            print(f"  {r.name}:{extra} {why}")
+            parts = ([f"[{r.detail}]"] if r.detail else []) + ([r.notes] if r.notes else [])
+            print(f"  {r.name}" + (": " + " ".join(parts) if parts else ""))
     print(f"wrote {csv_path} and {png_path}")
     return 1 if outside and getattr(args, "strict", False) else 0
