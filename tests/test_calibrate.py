@@ -266,3 +266,30 @@ def test_cli_warns_of_a_poor_fit_and_refuses_an_unsplittable_tp(tmp_path, capsys
     assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(SYNTHETIC),
                  "--quiet"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_milliseconds_in_step_time_s_are_refused(tmp_path, capsys):
+    # was fitted: 1,000 times the real step times gave a card with the efficiencies at their lower bounds and a
+    # one-second step overhead, and only a warning about R^2
+    points = read_step_times_csv(SYNTHETIC)
+    scaled = tmp_path / "ms.csv"
+    write_step_times_csv([StepPoint(p.batch_size, p.context_tokens, p.scheduled_tokens, p.step_time_s * 1000)
+                          for p in points], scaled)
+    argv = ["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(scaled), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {scaled}: step_time_s: every measured step is ") and err.endswith(
+        " times the base card's roofline prediction (expected seconds, at most 100 times the prediction: are the "
+        "times in milliseconds, or the hardware or model not the measured ones?)\n"), err
+    assert err.count("\n") == 1
+    # the bound is the least ratio over the data: a GPU 30 times slower than its card still fits
+    hw, model = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
+    base = predict_step_times(hw, model, points)
+    slow = [StepPoint(p.batch_size, p.context_tokens, p.scheduled_tokens, 30 * t) for p, t in zip(points, base)]
+    assert fit_step_times(hw, model, slow).r_squared > 0.5
+    at_bound = [StepPoint(p.batch_size, p.context_tokens, p.scheduled_tokens, 100 * t) for p, t in zip(points, base)]
+    with pytest.raises(ConfigError, match="every measured step is 100 to 100 times"):
+        fit_step_times(hw, model, at_bound)
+    below = [StepPoint(p.batch_size, p.context_tokens, p.scheduled_tokens, (99 if i == 0 else 1000) * t)
+             for i, (p, t) in enumerate(zip(points, base))]
+    fit_step_times(hw, model, below)  # one step under the bound: fitted (its poor R^2 is warned of by the CLI)

@@ -340,6 +340,30 @@ _BOUNDS = {
 _SCALE = {"gemm_launch_s": 1e-6, "step_overhead_s": 1e-3, "per_request_s": 1e-6}
 
 
+#: Least measured / predicted step-time ratio over all the data that calibrate refuses: no step of a real
+#: server on the base card's GPU is a hundred times its roofline (a slower GPU than the card, a T4 against an
+#: H100, is about ten), while milliseconds read as seconds are a thousand.
+IMPLAUSIBLE_SLOWDOWN = 100.0
+
+
+def _check_plausible_scale(measured_s: np.ndarray, base_predicted_s: np.ndarray,
+                           points: Sequence[StepPoint]) -> None:
+    """Refuse data whose every step is :data:`IMPLAUSIBLE_SLOWDOWN` times or more the base card's prediction.
+
+    Raises:
+        ConfigError: naming the data files, the ratios and the likely cause (milliseconds in step_time_s).
+    """
+    ratio = measured_s / base_predicted_s
+    if not ratio.min() >= IMPLAUSIBLE_SLOWDOWN:
+        return
+    files = ", ".join(dict.fromkeys(pt.where.rsplit(":", 1)[0] for pt in points))
+    raise ConfigError(
+        f"{files}: step_time_s: every measured step is {ratio.min():.3g} to {ratio.max():.3g} times the base card's "
+        f"roofline prediction (expected seconds, at most {IMPLAUSIBLE_SLOWDOWN:g} times the prediction: are the "
+        "times in milliseconds, or the hardware or model not the measured ones?)"
+    )
+
+
 def fit_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[StepPoint],
                    tensor_parallel_size: int = 1) -> CalibrationFit:
     """Fit the fields of :data:`FITTED_FIELDS` to measured steps (bounded least squares, relative errors).
@@ -372,6 +396,7 @@ def fit_step_times(hardware: HardwareCard, model: ModelCard, points: Sequence[St
     tp = int(tensor_parallel_size)
     y = np.array([pt.step_time_s for pt in points], dtype=float)
     base_pred = predict_step_times(hardware, model, points, tp)
+    _check_plausible_scale(y, base_pred, points)
     free, kept = [], []
     for name in FITTED_FIELDS:
         value = float(getattr(hardware, name))
