@@ -98,3 +98,18 @@ def test_an_edited_compiled_module_runs_as_written() -> None:
                            capture_output=True, text=True, env=env)
     assert not plain.stdout.strip().endswith(".py"), plain.stdout
 
+
+
+def test_setup_py_builds_what_the_package_reads() -> None:
+    # setup.py does not import the package it builds: its names are checked against servesim.compiled's
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    constants = {t.id: node.value for node in tree.body if isinstance(node, ast.Assign)
+                 for t in node.targets if isinstance(t, ast.Name)}
+    assert ast.literal_eval(constants["MANIFEST"]) == compiled.MANIFEST.name
+    modules = ast.literal_eval(constants["COMPILED"])
+    assert modules and all((ROOT / Path(*name.split("."))).with_suffix(".py").is_file() for name in modules)
+    # the same variable and rule as compiled.pure_python_requested: set and not "0"
+    source = (ROOT / "setup.py").read_text(encoding="utf-8")
+    assert f'os.environ.get("{compiled.PURE_PYTHON_VAR}", "") not in ("", "0")' in source

@@ -110,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
     group_cols = [c for c in columns if c != along and summary[c].nunique(dropna=False) > 1]
     if summary["variant"].nunique() > 1:
         group_cols.append("variant")
-    from servesim.sweep.runner import plot_figures
+    from servesim.sweep.runner import PLOT_FIGURE_FILES, plot_figures
 
     try:
         written = []
@@ -141,10 +141,8 @@ def run(args: argparse.Namespace) -> int:
             path, _ = plot_heatmap(summary, h["x"], h["y"], h["metric"], panel_cols, Path(out), labels)
             written.append(path)
         # figures an earlier plot of this folder drew and this one does not (the sweep changed): remove them
-        stale = {"speedup": ("speedup.png", "speedup.svg", "speedup_curve.csv"),
-                 "acceptance": ("acceptance.png", "acceptance.svg", "acceptance.csv")}
-        remove_stale(out, [name for stem, names in stale.items() if out / f"{stem}.png" not in written
-                           for name in names])
+        remove_stale(out, [name for stem in ("speedup", "acceptance") if out / f"{stem}.png" not in written
+                           for name in PLOT_FIGURE_FILES[stem]])
     except BaseException:
         # a failure or Ctrl-C while drawing (a full disk, a closed stdout): no figure of this folder is left,
         # neither this plot's first ones nor an earlier plot's, which would mix with them

@@ -38,8 +38,13 @@ SWEEP_TABLES = ("summary.csv", "speedup.csv")
 
 #: What ``servesim plot DIR`` draws into a sweep's folder from its tables (with ``heatmap_*``): removed when a
 #: sweep changes ``summary.csv`` or is interrupted, so that no figure of an earlier table looks current.
-PLOT_FIGURES = ("latency_vs_throughput.png", "latency_vs_throughput.svg", "latency_vs_throughput.csv",
-                "acceptance.png", "acceptance.svg", "acceptance.csv", "speedup.png", "speedup.svg", "speedup_curve.csv")
+#: Each figure's files, by the figure's name (its PNG's stem).
+PLOT_FIGURE_FILES = {
+    "latency_vs_throughput": ("latency_vs_throughput.png", "latency_vs_throughput.svg", "latency_vs_throughput.csv"),
+    "acceptance": ("acceptance.png", "acceptance.svg", "acceptance.csv"),
+    "speedup": ("speedup.png", "speedup.svg", "speedup_curve.csv"),
+}
+PLOT_FIGURES = tuple(name for names in PLOT_FIGURE_FILES.values() for name in names)
 
 
 def plot_figures(out: Path) -> list[str]:
