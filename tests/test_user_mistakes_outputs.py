@@ -4,6 +4,8 @@ wrong kind."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from servesim.cli import main
@@ -189,3 +191,32 @@ def test_a_sweep_file_given_to_run_and_a_run_config_given_to_sweep_are_named(tmp
     assert capsys.readouterr().err == (f"servesim: error: {cfg}: a run config (hardware, model, workload), not a "
                                        "sweep file: give it to `servesim run`, or name it as a sweep file's base\n")
     assert not (tmp_path / "o").exists()
+
+
+def test_run_writes_summary_json_last(tmp_path, monkeypatch):
+    # a kill -9 while writing requests.csv left a complete, new summary.json: the folder read as a finished run
+    import servesim.metrics.outputs as outputs
+    from servesim.cli import main as cli_main
+
+    written = []
+    real = outputs.atomic_write
+
+    def recording(path, chunks):
+        real(path, chunks)
+        written.append(Path(path).name)
+
+    monkeypatch.setattr(outputs, "atomic_write", recording)
+    import servesim.plots.latency as latency
+
+    real_plot = latency.plot_latency
+
+    def plot(*args, **kwargs):
+        real_plot(*args, **kwargs)
+        written.append("latency.png")
+
+    monkeypatch.setattr(latency, "plot_latency", plot)
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("hardware: h100-sxm\nmodel: llama-3.1-8b\nworkload: {type: poisson, rate: 5, num_requests: 20, "
+                   "prompt_tokens: {type: fixed, value: 50}, output_tokens: {type: fixed, value: 10}}\n")
+    assert cli_main(["run", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]) == 0
+    assert written == ["latency.png", "requests.csv", "steps.csv", "summary.json"]

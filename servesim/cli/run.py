@@ -185,13 +185,15 @@ def run(args: argparse.Namespace) -> int:
             _check_window(summary, cfg)
         summary["setup"] = result.info
         summary["seed"] = cfg.seed if args.seed is None else args.seed
-        write_outputs(result.output, summary, out_dir)
         if args.no_plot:
             remove_stale(out_dir, ["latency.png"])  # an earlier run's figure must not sit beside these CSVs
         else:
             from servesim.plots.latency import plot_latency
 
             plot_latency(result.output, summary, out_dir / "latency.png")
+        # summary.json last (write_outputs): once it exists, the run's files are all there, also after a
+        # kill -9 that no cleanup follows
+        write_outputs(result.output, summary, out_dir)
     if not args.quiet:
         print(format_summary_table(summary))
         print(f"wrote {out_dir}/summary.json, requests.csv, steps.csv" + ("" if args.no_plot else ", latency.png"))

@@ -71,7 +71,8 @@ def write_outputs(out: EngineOutput, summary: dict, out_dir: Path) -> None:
     CSV floats are written at full precision (each reads back as the same float64; the engine's
     picosecond times as their exact decimal) and NaN is an empty field (see
     :mod:`servesim.metrics.csv_text`); lines end with ``\\n``. Each file is written atomically
-    (:func:`atomic_write`).
+    (:func:`atomic_write`), ``summary.json`` last: its presence
+    means the CSVs are complete.
 
     Raises:
         OSError: ``out_dir`` cannot be created or written.
@@ -79,6 +80,8 @@ def write_outputs(out: EngineOutput, summary: dict, out_dir: Path) -> None:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     text = json.dumps(json_safe(summary), indent=2, allow_nan=False) + "\n"
-    atomic_write(out_dir / "summary.json", [text.encode("utf-8")])
     atomic_write(out_dir / "requests.csv", iter_csv_chunks(request_columns(out), full_precision=True))
     atomic_write(out_dir / "steps.csv", iter_csv_chunks(step_columns(out), full_precision=True))
+    # last: a summary.json beside them says the files are complete, also after a kill -9 mid-write (which
+    # no cleanup can follow)
+    atomic_write(out_dir / "summary.json", [text.encode("utf-8")])
