@@ -179,6 +179,20 @@ def _child(node: Any, part: Any) -> tuple[bool, Any]:
     return False, None
 
 
+#: Longest repr of a wrong value an error message quotes (a CSV given as a YAML file is one long string).
+SHOWN_VALUE_CHARS = 80
+
+
+def shown_value(value: Any) -> str:
+    """``repr(value)`` for an error message, cut to :data:`SHOWN_VALUE_CHARS` characters with the value's
+    length (a whole trace file read as one YAML string was quoted back, 700 KB on one line)."""
+    text = repr(value)
+    if len(text) <= SHOWN_VALUE_CHARS:
+        return text
+    size = f" of {len(value):,} characters" if isinstance(value, str) else ""
+    return f"{text[:SHOWN_VALUE_CHARS - 3]}... (a {type(value).__name__}{size})"
+
+
 def format_validation_error(exc: ValidationError, source: str, data: Any = None, key_prefix: str | None = None,
                             model: type[BaseModel] | None = None) -> str:
     """Turn a pydantic ``ValidationError`` into one line naming ``source`` and the first bad field.
@@ -225,9 +239,9 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
         msg = f"unknown {tag} {ctx.get('tag')!r} (expected one of {ctx.get('expected_tags')})"
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         msg = "expected a mapping (key: value pairs)"
-        shown = f" (got {'a list' if isinstance(got, list) else repr(got)})"
+        shown = f" (got {'a list' if isinstance(got, list) else shown_value(got)})"
     elif not isinstance(got, (dict, list)) and kind not in BOOL_FOR_NUMBER_ERRORS:
-        shown = f" (got {got!r})"
+        shown = f" (got {shown_value(got)})"
     more = len(errors) - 1
     others: list[str] = []  # the other errors' fields, so that one run tells every field to fix
     for other in errors:

@@ -216,3 +216,24 @@ def test_numpy_booleans_are_booleans():
 
     cfg = SimConfig.model_validate({**SMALL, "engine": {"enable_prefix_caching": np.bool_(False)}})
     assert cfg.engine.enable_prefix_caching is False
+
+
+def test_a_long_wrong_value_is_cut_in_the_message(tmp_path) -> None:
+    # a CSV trace given as a config was quoted back whole: 700 KB on one line
+    from servesim.input_files import SHOWN_VALUE_CHARS, shown_value
+
+    assert shown_value("short") == "'short'"
+    long = "x" * 10_000
+    assert shown_value(long) == "'" + "x" * (SHOWN_VALUE_CHARS - 4) + "... (a str of 10,000 characters)"
+    assert shown_value(list(range(1000))).endswith("... (a list)")
+    from servesim.cli import main
+
+    trace = tmp_path / "t.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n" + "2023-11-16 18:15:46.6805900,374,44\n" * 2000)
+    import contextlib
+    import io
+
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["validate", str(trace), "--out", str(tmp_path / "o")]) == 2
+    assert len(err.getvalue()) < 300 and err.getvalue().endswith(" characters))\n"), err.getvalue()
