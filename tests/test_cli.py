@@ -216,7 +216,7 @@ def test_a_full_disk_is_one_line_naming_the_file(tmp_path, capsys, monkeypatch):
     assert main(["run", str(cfg), "--out", str(out), "--no-plot"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
-    assert err == f"servesim: error: {out / 'summary.json'}: No space left on device\n"  # the first file written
+    assert err == f"servesim: error: {out / 'requests.csv'}: No space left on device\n"  # the first file written (summary.json is last)
     assert not out.exists()  # no temporary file, no partial output: the folder the run created is gone
 
 
