@@ -338,6 +338,24 @@ def test_threshold_scales_with_arrivals_in_the_tail():
     assert summarize(queue_output(2001, 100.0, lambda t: 1.1 * t))["saturated"] is True
 
 
+def test_run_cut_off_before_the_arrivals_end_measures_the_arrivals_that_happened():
+    # simulation.max_time_s stopped the run at 100 s; the 200 requests planned for (100, 200] never
+    # arrived (arrival_s NaN). The window is [0, 100] and its tail [75, 100], where the queue grows 1/s.
+    out = queue_output(400, 200.0, lambda t: t)
+    cut = out.requests.arrival_s > 100.0 + 1e-9
+    out.requests.arrival_s[cut] = np.nan
+    result = detect_saturation(out)
+    assert result.saturated
+    assert result.slope_per_s == pytest.approx(1.0, rel=2e-3)  # the last arrival is at 99.75 s
+    assert result.growth == pytest.approx(25.0, rel=2e-2)
+
+
+def test_table_says_latencies_cover_completed_requests_when_some_did_not_finish():
+    summary = {"completed": 3, "num_requests": 5}
+    assert "Latencies cover the completed requests only (2 did not finish)" in format_summary_table(summary)
+    assert "cover" not in format_summary_table({"completed": 5, "num_requests": 5})
+
+
 # ----------------------------------------------------------------------------- CSV text
 
 

@@ -1,6 +1,7 @@
 """Is the server saturated? The waiting queue is still growing when the arrivals end.
 
-Rule (documented in :func:`saturation`): over the last quarter of the arrival window, fit the number
+Rule (documented in :func:`detect_saturation`): over the last quarter of the arrival window (the
+arrivals that happened, when ``simulation.max_time_s`` stops the run first), fit the number
 of waiting requests against time by least squares, each engine STEP weighted by its duration (the time
 that queue length held; a StepLog row of several steps is expanded into its steps, whose waiting count is
 the row's: the engine ends a run at every arrival, so the count cannot change inside one). The server is saturated when the slope is positive and the growth it implies
@@ -48,7 +49,9 @@ class Saturation:
 def detect_saturation(out: EngineOutput) -> Saturation:
     """Apply the saturation rule of this module to one run.
 
-    Let ``t0, t1`` be the first and last arrival, ``T = TAIL_FRACTION * (t1 - t0)`` and the tail the
+    Let ``t0, t1`` be the first and last arrival that happened in the run (a run cut off by
+    ``simulation.max_time_s`` leaves later requests unarrived, ``arrival_s`` NaN: its window ends at the
+    last request that did arrive), ``T = TAIL_FRACTION * (t1 - t0)`` and the tail the
     steps (each row expanded into its steps, :func:`~servesim.metrics.steps.step_times_ps`) that start in
     ``[t1 - T, t1]``. The slope ``b`` is the duration-weighted least-squares slope of the waiting count on
     the step start over the tail (uniform weights if all durations are zero); run mode and step mode give
@@ -57,6 +60,7 @@ def detect_saturation(out: EngineOutput) -> Saturation:
     arrival window, or fewer than two tail steps with distinct start times give "not saturated".
     """
     arrival = np.asarray(out.requests.arrival_s, dtype=np.float64)
+    arrival = arrival[~np.isnan(arrival)]  # NaN: the run stopped before the request arrived
     if arrival.size < 2:
         return Saturation(False, 0.0, 0.0, MIN_GROWTH_REQUESTS)
     t0, t1 = float(arrival.min()), float(arrival.max())

@@ -102,7 +102,8 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
         ``request_throughput`` (completed requests/s), ``output_throughput`` (output tokens of completed
         requests/s), ``total_token_throughput`` (prompt + output tokens of completed requests/s), all over
         ``duration_s``; ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s``, ``queue_s``: each
-        ``{mean, p50, p90, p95, p99}`` in seconds; ``preemptions`` (total over requests);
+        ``{mean, p50, p90, p95, p99}`` in seconds over the completed requests only (a run cut off by
+        ``simulation.max_time_s`` leaves the others out); ``preemptions`` (total over requests);
         ``kv_cache_utilization`` and ``batch_size``: ``{mean, max}`` over busy time, exact (integer
         picoseconds; the KV mean integrates the blocks in use step by step, ``kv_block_ps``, so a run of
         steps and the same steps one at a time agree bit for bit), utilisation = blocks used /

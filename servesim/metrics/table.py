@@ -15,7 +15,9 @@ def format_summary_table(summary: dict) -> str:
     Shows requests completed, duration (s), request/output/total token throughput (per second),
     mean/p50/p99 of TTFT, TPOT, ITL and E2E in milliseconds (columns widen so that at least two
     spaces separate them at any latency), preemptions, goodput and SLO attainment
-    when present, and the saturation flag. Missing or undefined values print as ``-``.
+    when present, and the saturation flag. When some requests did not finish (a run cut off by
+    ``simulation.max_time_s``), a line says that the latencies cover the completed requests only.
+    Missing or undefined values print as ``-``.
 
     Returns:
         The table, lines joined by ``\\n``, without a trailing newline.
@@ -31,6 +33,9 @@ def format_summary_table(summary: dict) -> str:
              for _, key in _LATENCIES]
     # at least two spaces between columns, however long the numbers (1000 s = 1000000.00 ms)
     width = max([10] + [len(cell) + 2 for row in cells for cell in row])
+    completed, total = summary.get("completed", 0), summary.get("num_requests", 0)
+    if completed < total:  # the statistics below leave out the requests that did not finish
+        lines.append(f"Latencies cover the completed requests only ({total - completed} did not finish)")
     lines.append(f"{'Latency (ms)':<28}" + "".join(f"{name:>{width}}" for name in ("mean", "p50", "p99")))
     for (label, _), row in zip(_LATENCIES, cells):
         lines.append(f"{'  ' + label:<28}" + "".join(f"{cell:>{width}}" for cell in row))
