@@ -34,7 +34,30 @@ class SettingError(ConfigError):
 
     The message starts with the setting's dotted key (``engine.block_size: ...``);
     :func:`servesim.simulate` puts the config file's name in front when the config was read from one.
+
+    Args:
+        message: the one-line message.
+        depends_on: dotted keys of the other settings the check read (``model``, ``engine.gpu_memory_utilization``
+            for "does not fit"), so that a mistake that ``--set`` made through one of them is said to come
+            from the file with that ``--set`` (:func:`named_by_set`), not from the file alone.
     """
+
+    def __init__(self, message: str = "", *, depends_on: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.depends_on = tuple(depends_on)
+
+
+#: Keys that choose the kind of their section (pydantic discriminators of the run config).
+KIND_KEYS = ("type", "method")
+#: How a message about a key that a change of kind missed or left over starts (after ``field: ``).
+KIND_MISMATCHES = ("required key is missing", "unknown key")
+
+
+def _reworded(exc: ServesimError, text: str) -> ServesimError:
+    """An error of ``exc``'s type with message ``text``, keeping a SettingError's ``depends_on``."""
+    if isinstance(exc, SettingError):
+        return type(exc)(text, depends_on=exc.depends_on)
+    return type(exc)(text)
 
 
 @contextmanager
@@ -48,7 +71,7 @@ def naming_settings_of(source: str | None) -> Iterator[None]:
     except SettingError as exc:
         if source is None:
             raise
-        raise SettingError(f"{source}: {exc}") from None
+        raise _reworded(exc, f"{source}: {exc}") from None
 
 
 def named_by_set(exc: ServesimError, source: str | None, set_keys: list[str]) -> ServesimError:
@@ -57,7 +80,8 @@ def named_by_set(exc: ServesimError, source: str | None, set_keys: list[str]) ->
     ``engine.max_num_seqs`` a mapping), or when a section's check names a key ``--set`` gave first
     (``workload: bucket_policy: ...``): the mistake is in the command line, not in the file. As ``source
     with --set KEY: field: message`` when ``field`` is a top-level section holding keys ``--set`` gave (its
-    check may be about them or about the file's other keys); else ``exc`` unchanged (same type)."""
+    check may be about them or about the file's other keys), or when a SettingError's ``depends_on`` holds a key
+    ``--set`` gave, lies inside one or holds one; else ``exc`` unchanged (same type)."""
     text = str(exc)
     prefix = f"{source}: " if source is not None else ""
     if not set_keys or not text.startswith(prefix):
@@ -74,12 +98,22 @@ def named_by_set(exc: ServesimError, source: str | None, set_keys: list[str]) ->
         # come from the file's other keys
         if (field == key or field.startswith(key + ".") or ("." in field and key.startswith(field + "."))
                 or inner is not None and (inner == key or inner.startswith(key + "."))):
-            return type(exc)(f"--set: {rest}")
+            return _reworded(exc, f"--set: {rest}")
     # a check of a whole section (``engine: max_num_batched_tokens (8192) must be >= max_num_seqs (99999)``)
     # that holds a key --set gave: the file and the command line together made the mistake
     inside = [key for key in set_keys if key.startswith(field + ".")]
+    # a key that chose the section's kind (``workload.type``, ``speculative_config.method``): the section's
+    # other keys, read from the file, now miss or exceed another kind's
+    if rest.split(": ", 1)[-1].startswith(KIND_MISMATCHES):
+        inside += [key for key in set_keys if key not in inside and key.rsplit(".", 1)[-1] in KIND_KEYS
+                   and field.startswith(key.rsplit(".", 1)[0] + ".")]
+    # a check that read other settings too (a model that does not fit reads the model, the GPU's memory
+    # fraction, the token budget...): a --set of one of them made the mistake with the file
+    depends_on = getattr(exc, "depends_on", ())
+    inside += [key for key in set_keys if key not in inside and any(
+        key == dep or key.startswith(dep + ".") or dep.startswith(key + ".") for dep in depends_on)]
     if inside and source is not None:
-        return type(exc)(f"{source} with --set {', '.join(inside)}: {rest}")
+        return _reworded(exc, f"{source} with --set {', '.join(inside)}: {rest}")
     return exc
 
 
@@ -112,4 +146,4 @@ def naming_option_of(key: str, option: str | None, source: str | None) -> Iterat
         rest = text[len(prefix):] if text.startswith(prefix) else ""
         if option is None or not rest.startswith((f"{key}: ", f"{key}.")):
             raise
-        raise SettingError(f"{option}: {rest}") from None
+        raise _reworded(exc, f"{option}: {rest}") from None

@@ -84,13 +84,15 @@ def check_tensor_parallel(model, tensor_parallel_size: int, name: str = "tensor_
     tp = int(tensor_parallel_size)
     if heads and heads % tp:
         raise SettingError(
-            f"{name}: total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})"
+            f"{name}: total number of attention heads ({heads}) must be divisible by tensor parallel size ({tp})",
+            depends_on=("model", "tensor_parallel_size"),
         )
     kv_heads = getattr(model, "num_key_value_heads", None) if getattr(model, "attention", None) != "mla" else None
     if kv_heads and (tp % kv_heads if tp >= kv_heads else kv_heads % tp):
         raise SettingError(
             f"{name}: the number of KV heads ({kv_heads}) and the tensor parallel size ({tp}) must divide one "
-            "another (vLLM splits the KV heads across the GPUs, or replicates them once the GPUs outnumber them)"
+            "another (vLLM splits the KV heads across the GPUs, or replicates them once the GPUs outnumber them)",
+            depends_on=("model", "tensor_parallel_size"),
         )
 
 
@@ -191,7 +193,8 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
             raise SettingError(
                 f"engine.max_num_batched_tokens: VllmConfig does not have enough slots to schedule a token and support "
                 f"the speculative decoding settings (max_num_batched_tokens={budget}, "
-                f"max_num_new_slots_for_drafting={spec.max_num_new_slots_for_drafting})"
+                f"max_num_new_slots_for_drafting={spec.max_num_new_slots_for_drafting})",
+                depends_on=("speculative_config",),
             )
         with _setting("speculative_config"):  # a draft model or head card named or given inline
             drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
@@ -245,7 +248,8 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
             count = int((lengths > max_len).sum())
             raise SettingError(
                 f"workload: {count} request(s) need more than max_model_len={max_len} tokens (longest {worst}); "
-                "vLLM would reject them: cap the lengths or raise engine.max_model_len"
+                "vLLM would reject them: cap the lengths or raise engine.max_model_len",
+                depends_on=("engine.max_model_len", "model"),
             )
     info = {
         "hardware": hardware.name,

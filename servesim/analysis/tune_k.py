@@ -52,7 +52,7 @@ import pandas as pd
 
 from servesim.analysis.capacity import Slo
 from servesim.config.models import SimConfig
-from servesim.errors import ConfigError, naming_settings_of
+from servesim.errors import ConfigError, SettingError, naming_settings_of
 
 #: Upper end of the table's last range when the config sets no ``engine.max_num_seqs`` (requests).
 DEFAULT_TABLE_END = 4096
@@ -438,8 +438,8 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
 
     if cfg.speculative_config is None:
         where = f"{cfg.source}: " if cfg.source is not None else ""
-        raise ConfigError(f"{where}speculative_config: tune-k needs a config with a speculative_config (method, "
-                          "acceptance)")
+        raise SettingError(f"{where}speculative_config: tune-k needs a config with a speculative_config (method, "
+                           "acceptance)")
     # checked when the SimConfig was validated (its errors name the config file); a mapping changed since
     # is named as what it is
     spec_model = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")

@@ -128,7 +128,12 @@ def _resolve(spec: str | os.PathLike[str], base_dir: str | os.PathLike[str] | No
     return path
 
 
-def _load_path(kind: Kind, cls: type[C], path: Path) -> C:
+def _load_path(kind: Kind, cls: type[C], path: Path, source: str | None = None,
+               base_dir: str | os.PathLike[str] | None = None) -> C:
+    if not path.exists():  # name the setting that gave the path, and where a relative one was looked for
+        where = f"{source}: " if source else ""
+        relative = f" (a relative path is read from {base_dir})" if base_dir is not None else ""
+        raise ConfigError(f"{where}{_KIND_WORD[kind]} card file not found: {path}{relative}")
     if kind == "models" and (path.suffix.lower() == ".json" or path.is_dir()):
         from servesim.cards.hf_config import load_hf_config  # only a Hugging Face config.json needs it
 
@@ -149,7 +154,8 @@ def _load(
     if isinstance(spec, Mapping):
         return validate(cls, dict(spec), source or f"inline {_KIND_WORD[kind]} card")
     if isinstance(spec, os.PathLike) or (isinstance(spec, str) and _looks_like_path(spec.strip())):
-        return _load_path(kind, cls, _resolve(spec.strip() if isinstance(spec, str) else spec, base_dir))
+        return _load_path(kind, cls, _resolve(spec.strip() if isinstance(spec, str) else spec, base_dir), source,
+                          base_dir)
     if isinstance(spec, str):
         try:
             return _find_shipped(kind, spec.strip(), source)  # type: ignore[return-value]

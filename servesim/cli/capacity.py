@@ -77,10 +77,16 @@ def run(args: argparse.Namespace) -> int:
         if args.max_requests < 1:
             raise ConfigError(f"--max-requests: expected >= 1 (got {args.max_requests})")
         cfg0, _ = load_config(args.config, overrides, set_keys=set_keys(args.overrides))
+        if cfg0.workload.type == "multi_turn":  # its count is of sessions, each of several requests
+            raise ConfigError(f"--max-requests: caps the requests of a trace, poisson or gamma workload; "
+                              f"{args.config}'s multi_turn workload counts sessions: give --set "
+                              "workload.num_sessions=N instead")
         key = "workload.max_requests" if cfg0.workload.type == "trace" else "workload.num_requests"
         overrides.append((key, args.max_requests))
         if cfg0.workload.type in ("poisson", "gamma"):
             overrides.append(("workload.duration_s", None))
+        if cfg0.workload.type == "closed_loop":  # num_requests replaces requests_per_client
+            overrides.append(("workload.requests_per_client", None))
     cfg, folder = load_config(args.config, overrides, set_keys=set_keys(args.overrides))
     out = prepare_output_dir(args.out)  # before the search: an unwritable --out fails at once
 

@@ -84,9 +84,17 @@ def kv_cache_blocks(
             f"its weights {_gigabytes(target_weights)}{drafter} + the activation reserve {_gigabytes(reserve)} "
             f"(at max_num_batched_tokens={max_num_batched_tokens}) leave no KV-cache block in "
             f"gpu_memory_utilization {gpu_memory_utilization:g} x {_gigabytes(float(hardware.memory_bytes))} "
-            "(raise tensor_parallel_size or engine.gpu_memory_utilization, or lower engine.max_num_batched_tokens)"
+            "(raise tensor_parallel_size or engine.gpu_memory_utilization, or lower engine.max_num_batched_tokens)",
+            depends_on=FIT_DEPENDS_ON,
         )
     return blocks
+
+
+#: The run-config settings the fit check reads (dotted keys): a ``--set`` of any of them that makes the model
+#: not fit is named with the file (:func:`servesim.errors.named_by_set`).
+FIT_DEPENDS_ON = ("hardware", "model", "tensor_parallel_size", "engine.gpu_memory_utilization",
+                  "engine.max_num_batched_tokens", "engine.max_num_seqs", "engine.block_size",
+                  "engine.activation_reserve_bytes", "speculative_config")
 
 
 def _gigabytes(num_bytes: float) -> str:

@@ -446,6 +446,9 @@ def load_profile(spec: Any, base_dir: str | Path | None = None, source: str = "a
         path = Path(spec)
         if not path.is_absolute() and base_dir is not None:
             path = Path(base_dir) / path
+        if not path.exists():  # name the setting that gave the path, and where a relative one was looked for
+            relative = f" (a relative path is read from {base_dir})" if base_dir is not None else ""
+            raise ConfigError(f"{source}: acceptance profile file not found: {path}{relative}")
         return _from_file(path)
     if isinstance(spec, str):
         path = profiles_dir() / f"{spec}.yaml"
