@@ -75,8 +75,8 @@ def prepare_output_dir(path: str | Path, option: str = "--out") -> Path:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ConfigError: ``path`` is empty (``--out ''`` would write into the current folder), is a file,
-            cannot be created, or is not writable (one line naming ``option`` and the folder).
+        ConfigError: ``path`` is empty (``--out ''`` would write into the current folder), is a file, is
+            the filesystem's root or the home folder, cannot be created, or is not writable (one line naming ``option`` and the folder).
     """
     from servesim.errors import ConfigError
 
@@ -85,6 +85,10 @@ def prepare_output_dir(path: str | Path, option: str = "--out") -> Path:
     out = Path(path)
     if out.exists() and not out.is_dir():
         raise ConfigError(f"{option}: {out} is a file, not a folder")
+    resolved = out.expanduser().resolve()
+    shared = {Path(resolved.anchor): "the root folder", Path.home().resolve(): "the home folder"}.get(resolved)
+    if shared is not None:  # results (and the removal of stale ones) belong in a folder of their own
+        raise ConfigError(f"{option}: {out} is {shared}; give a folder of its own for the results (e.g. out/run)")
     try:
         out.mkdir(parents=True, exist_ok=True)
         fd, probe = tempfile.mkstemp(dir=out, prefix=".servesim-write-check.", suffix=".tmp")

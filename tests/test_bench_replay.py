@@ -145,3 +145,12 @@ def test_two_results_of_one_name_are_told_apart_and_one_file_twice_is_refused(tm
     assert capsys.readouterr().err == (f"servesim: error: validate: --vllm-bench: {tmp_path / 'b' / '..' / 'r.json'} "
                                        f"given twice (as {first}; expected each result file once)\n")
     assert list((tmp_path / "out2").iterdir()) == []
+
+
+def test_tolerance_without_vllm_bench_is_refused(tmp_path, capsys):
+    """--tolerance without --vllm-bench was accepted and ignored (the published cases carry their own)."""
+    assert main(["validate", "--fast", "--tolerance", "0.2", "--out", str(tmp_path / "v")]) == 2
+    assert capsys.readouterr().err == ("servesim: error: validate: --tolerance applies to --vllm-bench cases only "
+                                       "(the published cases carry their own): give it with --vllm-bench, or "
+                                       "leave it out\n")
+    assert not (tmp_path / "v").exists()

@@ -254,10 +254,10 @@ def test_measure_script_cpu_smoke(tmp_path):
 def test_cli_warns_of_a_poor_fit_and_refuses_an_unsplittable_tp(tmp_path, capsys):
     """One outlier row drove R^2 below 0 without a word; --tp 3 (32 heads) wrote a card `run` would refuse."""
     data = tmp_path / "d.csv"
-    data.write_text(SYNTHETIC.read_text() + "1,256,1,100\n")
+    data.write_text(SYNTHETIC.read_text() + "1,256,1,0.3\n")  # R^2 0.57
     assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(data), "--quiet"]) == 0
     err = capsys.readouterr().err
-    assert err.startswith("servesim: warning: R^2 = ") and "(below 0.9)" in err and err.count("\n") == 1
+    assert err.startswith("servesim: warning: R^2 = 0.566 ") and "(below 0.9)" in err and err.count("\n") == 1
     assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(SYNTHETIC),
                  "--tp", "3", "--out", str(tmp_path / "c.yaml")]) == 2
     assert capsys.readouterr().err == ("servesim: error: --tp: total number of attention heads (32) must be "
@@ -266,6 +266,24 @@ def test_cli_warns_of_a_poor_fit_and_refuses_an_unsplittable_tp(tmp_path, capsys
     assert main(["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(SYNTHETIC),
                  "--quiet"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def test_a_fit_worse_than_the_mean_writes_no_card_unless_allowed(tmp_path, capsys):
+    """R^2 below 0 (one 100 s outlier) only warned, and the card was written."""
+    data = tmp_path / "d.csv"
+    data.write_text(SYNTHETIC.read_text() + "1,256,1,100\n")
+    card = tmp_path / "c.yaml"
+    argv = ["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", str(data), "--quiet",
+            "--out", str(card)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == (
+        f"servesim: error: --data: R^2 = -0.0262: the fitted step-time model predicts the steps of {data} worse "
+        "than their mean does; no card written (check the data for outliers, mixed setups or another model; "
+        "--allow-poor-fit writes it anyway)\n")
+    assert not card.exists()
+    assert main([*argv, "--allow-poor-fit"]) == 0
+    assert capsys.readouterr().err.startswith("servesim: warning: R^2 = -0.0262 (below 0.9)")
+    assert card.exists()
 
 
 def test_milliseconds_in_step_time_s_are_refused(tmp_path, capsys):

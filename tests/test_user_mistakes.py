@@ -106,6 +106,18 @@ def test_empty_out_is_refused_by_the_output_folder_check(tmp_path):
         prepare_output_dir("")
 
 
+@pytest.mark.parametrize("folder, named", [("/", "the root folder"), ("~", "the home folder")])
+def test_root_or_home_as_out_is_refused(tmp_path, capsys, monkeypatch, folder, named):
+    """--out / was accepted: run wrote summary.json into the filesystem's root."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    (tmp_path / "home").mkdir()
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--no-plot", "--out", folder]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {folder} is {named}; give a folder of its own "
+                                       "for the results (e.g. out/run)\n")
+    assert list((tmp_path / "home").iterdir()) == []
+
+
 @pytest.mark.parametrize("draft_tp, tp, ok", [(2, 1, False), (3, 4, False), (1, 4, True), (4, 4, True)])
 def test_draft_tensor_parallel_size_must_be_one_or_the_targets(tmp_path, capsys, draft_tp, tp, ok):
     # vLLM's SpeculativeConfig._verify_and_get_draft_tp refuses any other value

@@ -27,11 +27,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="step-time .csv or `vllm bench serve` result .json (repeatable)")
     parser.add_argument("--out", type=Path, default=None, help="calibrated card YAML to write (default: print it)")
     parser.add_argument("--quiet", action="store_true", help="print only the summary, not the per-step table")
+    parser.add_argument("--allow-poor-fit", action="store_true",
+                        help="write the card even when the fit predicts worse than the data's mean (R^2 < 0)")
 
 
 #: Below this coefficient of determination ``servesim calibrate`` warns that the fit is poor (the card is
 #: still written: a user may want to inspect it).
 POOR_FIT_R_SQUARED = 0.9
+#: Below this (a fit worse than the measurements' mean) it refuses to write the card unless ``--allow-poor-fit``.
+WORSE_THAN_MEAN_R_SQUARED = 0.0
 
 
 def run(args: argparse.Namespace) -> int:
@@ -39,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
 
     Raises:
         ConfigError: bad card, unreadable or malformed data (one line naming the file and line), ``--tp < 1``,
-            or an unwritable output file.
+            an unwritable output file, or a fit with R^2 < 0 without ``--allow-poor-fit``.
         SettingError: a ``--tp`` the model's heads do not split over (as ``servesim run`` refuses it).
     """
     from servesim.analysis.calibrate import (
@@ -73,6 +77,11 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print("\n".join(fit_table(fit)))
     print("\n".join(fit_summary(fit)))
+    if fit.r_squared < WORSE_THAN_MEAN_R_SQUARED and not args.allow_poor_fit:
+        files = ", ".join(str(p) for p in args.data)
+        raise ConfigError(f"--data: R^2 = {fit.r_squared:.3g}: the fitted step-time model predicts the steps of "
+                          f"{files} worse than their mean does; no card written (check the data for outliers, "
+                          "mixed setups or another model; --allow-poor-fit writes it anyway)")
     if fit.r_squared < POOR_FIT_R_SQUARED:
         print(f"servesim: warning: R^2 = {fit.r_squared:.3g} (below {POOR_FIT_R_SQUARED:g}): the step-time model "
               "explains little of these measurements; check the data for outliers or mixed setups before using "

@@ -26,11 +26,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a `vllm bench serve --save-result` JSON to replay as a case (repeatable; needs --server)")
     parser.add_argument("--server", metavar="CONFIG.yaml",
                         help="the server's settings for --vllm-bench: a run config (its workload is replaced)")
-    parser.add_argument("--tolerance", type=float, default=0.10,
+    parser.add_argument("--tolerance", type=float, default=None,
                         help="tolerance of the --vllm-bench cases (fraction, default 0.10)")
     parser.add_argument("--strict", action="store_true",
                         help="exit with status 1 when any case is outside its tolerance (default: report only)")
 
+
+#: Relative tolerance of a ``--vllm-bench`` case without ``--tolerance`` (fraction).
+DEFAULT_BENCH_TOLERANCE = 0.10
 
 #: Files ``servesim validate`` writes into ``--out``.
 VALIDATE_OUTPUTS = COMMAND_OUTPUTS["validate"]
@@ -68,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
     bench = list(getattr(args, "vllm_bench", []) or [])
     if args.server and not bench:  # otherwise ignored: the published cases would run as if it were used
         raise ConfigError("validate: --server is the server of --vllm-bench RESULT.json: give both, or neither")
+    if args.tolerance is not None and not bench:  # the published cases carry their own tolerances
+        raise ConfigError("validate: --tolerance applies to --vllm-bench cases only (the published cases carry "
+                          "their own): give it with --vllm-bench, or leave it out")
+    tolerance = DEFAULT_BENCH_TOLERANCE if args.tolerance is None else args.tolerance
     cases = load_cases(list(args.cases), fast_only=args.fast) if args.cases or not bench else []
     if bench:
         from servesim.analysis.bench_replay import BenchCase
@@ -75,11 +82,11 @@ def run(args: argparse.Namespace) -> int:
 
         if not args.server:
             raise ConfigError("validate: --vllm-bench needs --server CONFIG.yaml (the server's settings)")
-        if not 0 < args.tolerance < 1:
-            raise ConfigError(f"validate: --tolerance: expected a fraction in (0, 1) (got {args.tolerance})")
+        if not 0 < tolerance < 1:
+            raise ConfigError(f"validate: --tolerance: expected a fraction in (0, 1) (got {tolerance})")
         for i, (result, name) in enumerate(zip(bench, bench_case_names(bench))):
             case = BenchCase(name=name, bench_result=str(Path(result).resolve()),
-                             config=str(Path(args.server).resolve()), tolerance=args.tolerance)
+                             config=str(Path(args.server).resolve()), tolerance=tolerance)
             cases.append(LoadedCase(case=case, file=Path.cwd() / "--vllm-bench", index=i, key="vllm_bench"))
     if not cases:
         raise ConfigError("validate: no cases to run (none marked fast: true?)")
