@@ -10,6 +10,8 @@ import yaml
 
 from servesim.analysis.tune_k import (
     build_schedule,
+    choose_best_fixed_k,
+    choose_best_k,
     closed_loop_config,
     default_batch_sizes,
     fixed_k_spec,
@@ -258,3 +260,18 @@ def test_cli_errors(tmp_path, capsys):
     path.write_text(yaml.safe_dump(data))
     assert main(["tune-k", str(path), "--batch-sizes", "4,16", "--out", str(tmp_path / "o")]) == 2
     assert "max_num_seqs" in capsys.readouterr().err
+
+
+def _slo_grid(ratios: dict[int, list[float]]) -> pd.DataFrame:
+    """A tune-k grid where no point meets its SLO: batch size -> the SLO ratio of k = 0, 1, 2."""
+    rows = [{"batch_size": b, "variant": f"k={k}", "objective": 0.0, "slo_met": False, "slo_ratio": r}
+            for b, rs in ratios.items() for k, r in enumerate(rs)]
+    return pd.DataFrame(rows)
+
+
+def test_best_fixed_k_under_an_slo_met_nowhere_is_the_k_closest_to_meeting_it():
+    """The tuned schedule took the k closest to meeting an unmeetable SLO, the best fixed k was always 0."""
+    grid = _slo_grid({1: [3.0, 2.0, 2.5], 8: [4.0, 3.5, 3.0]})  # mean ratios 3.5, 2.75, 2.75
+    assert choose_best_k(grid, with_slo=True) == {1: 1, 8: 2}
+    assert choose_best_fixed_k(grid) == 1  # tie 2.75 with k = 2: the smaller k
+    assert choose_best_fixed_k(_slo_grid({1: [3.0, 2.0, 1.5], 8: [4.0, 3.5, 3.0]})) == 2

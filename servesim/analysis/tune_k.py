@@ -24,7 +24,9 @@ Procedure (all batch sizes in requests, throughputs in output tokens/s, times in
    ``num_speculative_tokens``.
 4. Best fixed k: the ``k`` maximising the mean over batch sizes of ``objective(b, k) / max_k'
    objective(b, k')`` (share of the best attainable at each ``b``; batch sizes where every objective is 0
-   are skipped; ties: the smaller ``k``).
+   are skipped; ties: the smaller ``k``). When no ``k`` meets the SLOs at any batch size (every objective
+   0), it is the ``k`` closest to meeting them, as in step 2: the smallest mean over batch sizes of
+   ``max_i statistic_i / target_i`` (ties: the smaller ``k``).
 5. Check: the tuned schedule (``num_speculative_tokens`` = its largest ``k``, the table) runs at every
    grid batch size and is compared with the best fixed ``k`` and with no speculation (those two reuse
    the grid's runs: same configs, same seeds).
@@ -307,7 +309,8 @@ def choose_best_k(grid: pd.DataFrame, with_slo: bool) -> dict[int, int]:
 
 
 def choose_best_fixed_k(grid: pd.DataFrame) -> int:
-    """The fixed k with the largest mean share of the best objective over batch sizes (docstring step 4)."""
+    """The fixed k with the largest mean share of the best objective over batch sizes; where the SLOs are met
+    nowhere, the k with the smallest mean SLO ratio (module docstring, step 4)."""
     shares: dict[int, list[float]] = {}
     for _, g in grid[grid["variant"].str.startswith("k=")].groupby("batch_size", sort=True):
         top = float(g["objective"].max())
@@ -315,8 +318,12 @@ def choose_best_fixed_k(grid: pd.DataFrame) -> int:
             continue
         for variant, obj in zip(g["variant"], g["objective"]):
             shares.setdefault(int(variant[2:]), []).append(float(obj) / top)
-    if not shares:
-        return 0
+    if not shares:  # the SLOs are met nowhere: the k closest to meeting them, as choose_best_k's fallback
+        spec_rows = grid[grid["variant"].str.startswith("k=")]
+        if "slo_ratio" not in spec_rows or spec_rows.empty:
+            return 0
+        ratios = spec_rows.groupby(spec_rows["variant"].str[2:].astype(int))["slo_ratio"].mean()
+        return int(ratios.index[int(np.argmin(ratios.to_numpy()))])  # sorted by k: ties keep the smaller
     ks = sorted(shares)
     means = [float(np.mean(shares[k])) for k in ks]
     return ks[int(np.argmax(means))]
