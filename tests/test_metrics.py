@@ -593,3 +593,15 @@ def test_exact_sum_of_int64_values_beyond_int64_sums_is_exact():
     assert _exact_sum(values) == sum(int(v) for v in values.tolist())
     small = rng.integers(0, 1000, 1000, dtype=np.int64)
     assert _exact_sum(small) == int(small.sum()) and _exact_sum([2**70, 1]) == 2**70 + 1
+
+
+def test_table_shows_the_first_eight_per_position_rates_of_a_long_draft():
+    """An n-gram draft of 48 tokens printed 48 rates on one line."""
+    rates = [round(0.9 - 0.01 * i, 3) for i in range(48)]
+    spec = {"num_drafts": 10, "mean_acceptance_length": 2.0, "draft_acceptance_rate": 0.1,
+            "per_position_acceptance_rate": rates}
+    line = [x for x in format_summary_table({"spec_decode": spec}).splitlines() if x.startswith("Per-position")][0]
+    assert line.split(None, 2)[2] == ("0.900, 0.890, 0.880, 0.870, 0.860, 0.850, 0.840, 0.830, "
+                                     "... (48 positions in summary.json)")
+    short = {**spec, "per_position_acceptance_rate": rates[:8]}
+    assert format_summary_table({"spec_decode": short}).endswith("0.860, 0.850, 0.840, 0.830")

@@ -24,7 +24,12 @@ EXAMPLE_10_SERVER = "--spec-type draft-simple -md tiny-random-qwen2vocab-f32.ggu
 
 
 def test_defaults_are_the_lessons():
-    assert parse_llamacpp_flags("--spec-draft-n-max 4") is None  # --spec-type defaults to none
+    # --spec-type defaults to none, which ignores the draft flags: refused rather than run plain unnoticed
+    with pytest.raises(ConfigError, match=r"^--llama-cpp-spec: --spec-type defaults to none \(no speculation\), "
+                                          r"which ignores -md, --spec-draft-n-max: give --spec-type \(e.g. "
+                                          r"draft-simple\), or --spec-type none to run without speculation$"):
+        parse_llamacpp_flags("--spec-draft-n-max 4 -md qwen3-0.6b")
+    assert parse_llamacpp_flags("--temp 0.5") is None  # a flag of every type: plain decoding, as llama.cpp
     with pytest.raises(ConfigError, match="--llama-cpp-spec: no flags given"):  # "$FLAGS" unset: not silently none
         parse_llamacpp_flags("")
     assert parse_llamacpp_flags("--spec-type none --spec-draft-n-max 4") is None

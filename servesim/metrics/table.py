@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+#: Per-position acceptance rates the table shows (the first ones; summary.json holds all).
+SHOWN_POSITIONS = 8
+
 _LATENCIES = (("TTFT", "ttft_s"), ("TPOT", "tpot_s"), ("ITL", "itl_s"), ("E2E", "e2e_s"))
 
 
@@ -48,7 +51,10 @@ def format_summary_table(summary: dict) -> str:
     lines.append(f"{'Saturated (queue growing)':<28}{'yes' if summary.get('saturated') else 'no'}")
     spec = summary.get("spec_decode")
     if spec and spec.get("num_drafts"):
-        rates = ", ".join(f"{r:.3f}" for r in spec.get("per_position_acceptance_rate") or [])
+        per_position = spec.get("per_position_acceptance_rate") or []
+        rates = ", ".join(f"{r:.3f}" for r in per_position[:SHOWN_POSITIONS])
+        if len(per_position) > SHOWN_POSITIONS:  # n-gram drafts of 48 tokens: the rest are in summary.json
+            rates += f", ... ({len(per_position)} positions in summary.json)"
         lines.append(f"{'Mean acceptance length':<28}{spec['mean_acceptance_length']:.2f}")
         lines.append(f"{'Draft acceptance rate':<28}{100 * spec['draft_acceptance_rate']:.1f}%")
         lines.append(f"{'Per-position acceptance':<28}{rates}")

@@ -84,6 +84,13 @@ _FLAGS = {
 }
 
 
+#: The keys of :data:`_FLAGS` that every ``--spec-type`` reads, none included.
+_APPLIES_TO = {"common": frozenset({"spec_type", "temperature"})}
+#: A ``--spec-type`` that reads a key (for the error naming a flag the default type ignores).
+_TYPE_FOR_FLAG = {"size_n": "ngram-simple", "size_m": "ngram-simple", "n_max": "draft-simple",
+                  "draft_model": "draft-simple", "model_card": "draft-simple", "acceptance": "draft-simple"}
+
+
 def _int(value: str, flag: str, source: str, minimum: int = 1) -> int:
     try:
         n = int(value)
@@ -136,7 +143,9 @@ def parse_llamacpp_flags(flags: str | Sequence[str], source: str = "--llama-cpp-
     Raises:
         ConfigError: no flags, an unknown flag (named), a missing or malformed value, an unknown ``--spec-type``, a
             type servesim cannot simulate, ``draft-simple`` without a draft model, a GGUF draft without
-            ``--spec-model-card`` (one line each).
+            ``--spec-model-card``, speculative flags without ``--spec-type`` (llama.cpp's default type, none,
+            would ignore them; one line each). Flags of another type beside an explicit ``--spec-type`` are
+            ignored, as llama.cpp ignores them.
     """
     f = _split(flags, source)
     if not f:  # as an empty --set value: usually a shell variable that was not set
@@ -145,6 +154,13 @@ def parse_llamacpp_flags(flags: str | Sequence[str], source: str = "--llama-cpp-
     spec_type = f.get("spec_type", ("--spec-type", DEFAULT_SPEC_TYPE))[1]
     if spec_type not in SPEC_TYPES:
         raise ConfigError(f"{source}: --spec-type: unknown type {spec_type!r} (expected one of: {', '.join(SPEC_TYPES)})")
+    ignored = [f[key][0] for key in sorted(f) if key not in _APPLIES_TO["common"]]
+    if ignored and "spec_type" not in f:
+        # llama.cpp's default type, none, ignores them: speculative flags without a type would run plain
+        # decoding unnoticed. An explicit --spec-type none keeps them (a script switching speculation off).
+        raise ConfigError(f"{source}: --spec-type defaults to none (no speculation), which ignores "
+                          f"{', '.join(ignored)}: give --spec-type (e.g. {_TYPE_FOR_FLAG[_FLAGS[ignored[0]]]}), "
+                          "or --spec-type none to run without speculation")
     if spec_type == "none":
         return None
     if spec_type in ("draft-dflash", "draft-dspark"):
