@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -49,15 +51,26 @@ class Result:
 
 
 def _as_config(config: Any, base_dir: str | Path | None) -> tuple[SimConfig, Path]:
-    from servesim.input_files import validate
     from servesim.config.models import load_config
+    from servesim.errors import ConfigError
+    from servesim.input_files import validate
 
+    if base_dir is not None and not isinstance(base_dir, (str, os.PathLike)):
+        raise ConfigError(f"base_dir: expected a folder path (got {type(base_dir).__name__})")
+    if (isinstance(config, tuple) and len(config) == 2 and isinstance(config[0], SimConfig)
+            and isinstance(config[1], (str, os.PathLike))):
+        # load_config's (config, folder), passed whole
+        config, base_dir = config[0], base_dir if base_dir is not None else config[1]
     if isinstance(config, SimConfig):
         return config, Path(base_dir or ".").resolve()
     if isinstance(config, (str, Path)):
         cfg, folder = load_config(config)
         return cfg, Path(base_dir).resolve() if base_dir else folder
     from servesim.config.models import inline_workload_file
+
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config: expected a run config (a YAML path, a mapping or a SimConfig), got "
+                          f"{type(config).__name__}")
 
     folder = Path(base_dir or ".").resolve()
     return validate(SimConfig, inline_workload_file(config, folder, "config"), "config"), folder
@@ -67,8 +80,8 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
     """Simulate one server configuration.
 
     Args:
-        config: a :class:`~servesim.config.models.SimConfig`, a mapping with the same keys, or the path of a
-            YAML run config.
+        config: a :class:`~servesim.config.models.SimConfig`, a mapping with the same keys, the path of a
+            YAML run config, or :func:`~servesim.config.models.load_config`'s ``(config, folder)``.
         seed: overrides the config's ``seed``; a non-negative int or a ``numpy.random.SeedSequence`` (sweeps
             pass one spawned per point and replication). Same config and seed give identical results.
         base_dir: folder that relative paths in the config resolve against (default: the config file's

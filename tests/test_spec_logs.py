@@ -72,6 +72,11 @@ def test_short_drafts_use_the_per_position_rates():
           "0.5, 0.0"], r"x\.log: line 2: 2 per-position rates, expected 3"),
         (["SpecDecoding metrics: Accepted: 900 tokens, Drafted: 300 tokens, Per-position acceptance rate: "
           "0.900, 0.800, 0.700"], r"x\.log: line 1: .*inconsistent"),
+        # a nan rate ended the number pattern: it read as one position and blamed the counts' consistency
+        (["SpecDecoding metrics: Accepted: 10 tokens, Drafted: 20 tokens, Per-position acceptance rate: "
+          "0.600, nan, Avg Draft acceptance rate: 50.0%"],
+         r"^x\.log: line 1: per-position acceptance rate 2: expected a number from 0 to 1 \(got 'nan'\); "
+         r"vLLM's line holds one rate per position$"),
     ],
 )
 def test_vllm_log_errors(lines, match):

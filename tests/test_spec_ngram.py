@@ -96,6 +96,20 @@ def test_cli_through_servesim_main(tmp_path):
     assert prof.num_positions == 4 and 0 < prof.no_match_probability < 1
 
 
+@pytest.mark.parametrize("k", [0, 129])
+def test_cli_refuses_a_k_no_speculative_config_takes(tmp_path, capsys, k):
+    """--k 200 wrote a 200-position profile that every speculative_config refuses (at most 128)."""
+    from servesim.cli import main
+
+    example = REPO / "workloads" / "examples" / "ngram-pairs.jsonl"
+    out = tmp_path / "p.yaml"
+    assert main(["acceptance", "ngram", "--input", str(example), "--k", str(k), "--out", str(out)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --k: expected num_speculative_tokens from 1 to 128, the "
+                                       f"most servesim takes (got {k})\n")
+    assert not out.exists()
+    assert main(["acceptance", "ngram", "--input", str(example), "--k", "128", "--out", str(out)]) == 0
+
+
 @pytest.mark.parametrize(("line", "expect"), [
     ("{not json", "line 1: invalid JSON"),
     ('{"prompt": "a b"}', "line 1: answer: expected"),

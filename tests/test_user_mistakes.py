@@ -654,6 +654,30 @@ def test_simulate_of_none_says_a_config_is_needed():
         simulate(None)
 
 
+@pytest.mark.parametrize("config, kwargs, message", [
+    (42, {}, "config: expected a run config (a YAML path, a mapping or a SimConfig), got int"),
+    (SMALL, {"base_dir": 5}, "base_dir: expected a folder path (got int)"),  # was a TypeError
+])
+def test_simulate_of_a_wrong_type_names_the_argument(config, kwargs, message):
+    from servesim import simulate
+    from servesim.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        simulate(config, **kwargs)
+    assert str(info.value) == message
+
+
+def test_simulate_takes_load_configs_pair(tmp_path):
+    """simulate(load_config(path)) was refused, quoting the (config, folder) tuple's repr."""
+    from servesim import simulate
+    from servesim.config.models import load_config
+
+    (tmp_path / "t.csv").write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.0000000,10,5\n")
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": {"type": "trace", "path": "t.csv"}})
+    pair = load_config(cfg)
+    assert simulate(pair).summary == simulate(cfg).summary  # the folder of the pair reads t.csv
+    assert simulate(pair).summary["completed"] == 1
+
 
 def test_mtp_without_mtp_modules_names_where_the_method_came_from(tmp_path, capsys):
     """The MTP refusal named no source (a ConfigError outside the settings' naming)."""

@@ -243,6 +243,7 @@ MALFORMED = [
     ("azure_empty.csv", r"empty file \(expected a header TIMESTAMP,ContextTokens,GeneratedTokens"),
     ("azure_header_only.csv", r"no data rows after the header"),
     ("azure_missing_column.csv", r"line 1: missing column 'GeneratedTokens'"),
+    ("azure_duplicate_column.csv", r"line 1: column 'ContextTokens' appears 2 times \(expected once\)"),
     ("azure_non_numeric.csv", r"line 3: ContextTokens: expected an integer token count >= 0 \(got 'abc'\)"),
     ("azure_negative.csv", r"line 4: GeneratedTokens: expected an integer token count >= 0 \(got '-5'\)"),
     ("azure_unsorted.csv", r"line 4: TIMESTAMP .* is earlier than the previous row's"),

@@ -53,6 +53,7 @@ from typing import Any
 import numpy as np
 
 from servesim.errors import TraceError
+from servesim.input_files import shown_value
 from servesim.speculation.config import MAX_SPEC_LEN
 from servesim.speculation.profile import AcceptanceProfile
 
@@ -210,6 +211,8 @@ _NUM = r"(\d+(?:\.\d+)?)"
 _RE_ACCEPTED = re.compile(r"Accepted:\s*(\d+)\s*tokens")
 _RE_DRAFTED = re.compile(r"Drafted:\s*(\d+)\s*tokens")
 _RE_MEAN_LEN = re.compile(r"Mean acceptance length:\s*" + _NUM)
+#: What follows the rates when a rate is not a number (``nan``, ``inf``, ``-0.1``), up to the next comma.
+_RE_NOT_A_RATE = re.compile(r"\s*(?!Avg)[^,\s][^,]*")
 _RE_PER_POS = re.compile(r"Per-position acceptance rate:\s*(\d+(?:\.\d+)?(?:\s*,\s*\d+(?:\.\d+)?)*)")
 
 
@@ -261,6 +264,11 @@ def parse_vllm_log_lines(lines: list[str], source: str) -> SpecDecodeCounts:
                 raise TraceError(f"{where}: SpecDecoding metrics line without {what}")
         acc, dr = int(m_acc.group(1)), int(m_dr.group(1))
         rates = [float(x) for x in m_pos.group(1).split(",")]
+        after = text[m_pos.end():].lstrip()
+        if after.startswith(",") and _RE_NOT_A_RATE.match(after[1:]):  # the number pattern stopped at it
+            bad = after[1:].split(",", 1)[0].strip()
+            raise TraceError(f"{where}: per-position acceptance rate {len(rates) + 1}: expected a number from 0 "
+                             f"to 1 (got {shown_value(bad)}); vLLM's line holds one rate per position")
         m_len = _RE_MEAN_LEN.search(text)
         if per_pos is None:
             per_pos = np.zeros(len(rates), dtype=np.int64)
@@ -315,7 +323,7 @@ def _prom_samples(text: str, source: str) -> dict[str, dict[str, float]]:
             continue
         m = _PROM_SAMPLE.match(line)
         if m is None:
-            raise TraceError(f"{source}: line {no}: expected 'name{{labels}} value' (got {line[:80]!r})")
+            raise TraceError(f"{source}: line {no}: expected 'name{{labels}} value' (got {shown_value(line)})")
         name = m.group(1)[len(_PREFIX):]
         if name.endswith("_created"):
             continue

@@ -187,8 +187,11 @@ def run(args: argparse.Namespace) -> int:
     if args.acceptance_command != "ngram":  # pragma: no cover - argparse restricts the choices
         raise ConfigError(f"acceptance: unknown source {args.acceptance_command!r}")
     min_n = args.n if args.min_n is None else args.min_n
-    if args.k < 1:
-        raise ConfigError(f"--k: expected num_speculative_tokens >= 1 (got {args.k})")
+    from servesim.speculation.config import MAX_SPEC_LEN
+
+    if not 1 <= args.k <= MAX_SPEC_LEN:  # a longer profile is one no speculative_config can use
+        raise ConfigError(f"--k: expected num_speculative_tokens from 1 to {MAX_SPEC_LEN}, the most servesim "
+                          f"takes (got {args.k})")
     if not 1 <= min_n <= args.n:
         raise ConfigError(f"--min-n/--n: expected 1 <= prompt_lookup_min <= prompt_lookup_max (got {min_n}, {args.n})")
     pairs = read_pairs(args.input)

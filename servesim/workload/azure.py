@@ -96,7 +96,7 @@ def _parse_fast(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Vectorised parse of a well-formed file; None when anything is off (the checked pass reports it)."""
     header, _, body = text.partition("\n")
     columns = [c.strip() for c in header.rstrip("\r").split(",")]
-    if any(c not in columns for c in AZURE_COLUMNS):
+    if any(columns.count(c) != 1 for c in AZURE_COLUMNS):
         return None
     body = body.replace("\r\n", "\n").rstrip("\n")
     if not body or '"' in body:
@@ -137,6 +137,8 @@ def _parse_checked(p: Path, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
             raise TraceError(
                 f"{p}: line 1: missing column {name!r} (expected a header with {expected_header}; got {got!r})"
             )
+        if columns.count(name) > 1:  # which one holds the requests' values would be a guess
+            raise TraceError(f"{p}: line 1: column {name!r} appears {columns.count(name)} times (expected once)")
     ncol = len(columns)
     it, ip, io = (columns.index(c) for c in AZURE_COLUMNS)
     times: list[int] = []
