@@ -20,8 +20,9 @@ Merged output (:meth:`Deployment.output`), what :func:`servesim.metrics.summariz
   unset, like a single engine's never-arrived requests); latencies, throughput and goodput are therefore
   those of the whole deployment.
 * steps: the StepLog rows of all replicas concatenated and sorted by start time (stable: ties in replica
-  order). Every row is ONE replica's step or run: ``batch_size``, ``num_waiting`` and ``kv_blocks_used``
-  are per replica. So ``summarize``'s ``batch_size`` is the busy-time-weighted mean (and the max) of the
+  order); ``step_replica`` (and ``request_replica`` for the requests) says whose each row is, the
+  ``replica`` column of ``steps.csv`` and ``requests.csv``. Every row is ONE replica's step or run:
+  ``batch_size``, ``num_waiting`` and ``kv_blocks_used`` are per replica. So ``summarize``'s ``batch_size`` is the busy-time-weighted mean (and the max) of the
   per-replica batch size; ``kv_blocks_total`` is R x the per-replica blocks, so its
   ``kv_cache_utilization`` is the busy-time-weighted per-replica utilisation divided by R (use the
   per-replica summaries, ``summary["replicas"]``, for a replica's own utilisation); its saturation test
@@ -177,6 +178,7 @@ def merge_outputs(outs: list[EngineOutput], assignment: np.ndarray) -> EngineOut
 
     starts = np.concatenate([np.asarray(o.steps.start_s, dtype=np.float64) for o in outs])
     order = np.argsort(starts, kind="stable")
+    step_replica = np.concatenate([np.full(len(o.steps), j, dtype=np.int64) for j, o in enumerate(outs)])[order]
     steps_fields = {}
     for f in dataclasses.fields(StepLog):
         if f.name == "durations_s":
@@ -221,6 +223,9 @@ def merge_outputs(outs: list[EngineOutput], assignment: np.ndarray) -> EngineOut
         end_s=max(o.end_s for o in outs),
         spec_counters=counters if len(outs) > 1 else first.spec_counters,
         prefix_cache=prefix_cache,
+        num_replicas=len(outs),
+        request_replica=np.asarray(assignment, dtype=np.int64).copy() if len(outs) > 1 else None,
+        step_replica=step_replica if len(outs) > 1 else None,
     )
 
 

@@ -176,6 +176,43 @@ def test_deterministic_and_merge_layout():
         np.testing.assert_array_equal(out.requests.finish_s[rows], o.requests.finish_s)
 
 
+def test_merged_rows_name_their_replica_in_the_csvs_and_the_figure(tmp_path):
+    """The merged steps interleave the replicas' rows: each row and request carries its replica (the
+    ``replica`` column), and the figure draws each replica's KV use against ONE replica's pool (it had
+    divided by all replicas' blocks: a quarter of the truth with 4 replicas)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from servesim.metrics import summarize
+    from servesim.metrics.outputs import REPLICA_COLUMN, REQUEST_COLUMNS, STEP_COLUMNS, request_columns, step_columns
+    from servesim.plots.latency import latency_figure
+
+    wl = poisson_workload(4, 90, 40.0)
+    dep = run(wl, 3, "least_outstanding", kv_blocks=2_000)
+    out, outs = dep.output(), dep.replica_outputs()
+    np.testing.assert_array_equal(out.request_replica, dep.assignment)
+    assert out.num_replicas == 3 and len(out.step_replica) == len(out.steps)
+    for j, o in enumerate(outs):
+        mine = out.step_replica == j
+        np.testing.assert_array_equal(out.steps.start_ps[mine], o.steps.start_ps)
+        np.testing.assert_array_equal(out.steps.kv_blocks_used[mine], o.steps.kv_blocks_used)
+    assert list(request_columns(out)) == [*REQUEST_COLUMNS, REPLICA_COLUMN]
+    assert list(step_columns(out)) == [*STEP_COLUMNS, REPLICA_COLUMN]
+    np.testing.assert_array_equal(step_columns(out)[REPLICA_COLUMN], out.step_replica)
+    alone = single_engine(wl)
+    assert list(request_columns(alone)) == list(REQUEST_COLUMNS) and list(step_columns(alone)) == list(STEP_COLUMNS)
+
+    fig = latency_figure(out, summarize(out))
+    kv_axis = fig.axes[3]
+    lines = [line for line in kv_axis.get_lines() if line.get_label().startswith("replica")]
+    assert [line.get_label() for line in lines] == ["replica 0", "replica 1", "replica 2"]
+    per_replica_pool = out.kv_blocks_total // 3
+    for j, line in enumerate(lines):
+        peak = out.steps.kv_blocks_used[out.step_replica == j].max()
+        assert np.nanmax(line.get_ydata()) == pytest.approx(100.0 * peak / per_replica_pool, rel=1e-12)
+    assert "1999 blocks per replica, 3 replicas" in kv_axis.get_title()
+
+
 def test_simulate_with_replicas_reports_per_replica_summaries():
     from servesim.api import simulate
 

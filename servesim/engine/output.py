@@ -125,6 +125,10 @@ class EngineOutput:
             ``num_accepted_tokens``, ``num_accepted_tokens_per_pos``); empty without speculation.
         prefix_cache: vLLM's prefix-cache counters (tokens; the fields of
             :class:`~servesim.engine.block_manager.PrefixCacheStats`); empty with prefix caching off.
+        num_replicas: replicas whose outputs were merged into this one (1: one engine).
+        request_replica: int64 (N,), the replica that served each request (-1: never routed); None for
+            one engine (:func:`servesim.deployment.merge_outputs` sets it).
+        step_replica: int64 (R,), the replica whose step or run each StepLog row is; None for one engine.
     """
 
     requests: RequestLog
@@ -135,3 +139,6 @@ class EngineOutput:
     end_s: float
     spec_counters: dict = field(default_factory=dict)
     prefix_cache: dict = field(default_factory=dict)
+    num_replicas: int = 1
+    request_replica: np.ndarray | None = None
+    step_replica: np.ndarray | None = None

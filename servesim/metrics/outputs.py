@@ -19,14 +19,19 @@ from servesim.metrics.csv_text import iter_csv_chunks
 from servesim.metrics.latencies import request_latencies
 from servesim.metrics.summary import json_safe
 
-#: Column order of ``requests.csv`` (times and latencies in seconds, counts in tokens).
+#: Column order of ``requests.csv`` (times and latencies in seconds, counts in tokens); a multi-replica
+#: run adds :data:`REPLICA_COLUMN` last.
 REQUEST_COLUMNS: tuple[str, ...] = (
     "request_id", "arrival_s", "prompt_tokens", "output_tokens", "generated_tokens",
     "ttft_s", "tpot_s", "e2e_s", "queue_s", "preemptions",
     "first_scheduled_s", "first_token_s", "finish_s", "num_cached_tokens",
 )
-#: Column order of ``steps.csv``: every :class:`StepLog` field, in its declaration order.
+#: Column order of ``steps.csv``: every :class:`StepLog` field, in its declaration order; a multi-replica
+#: run adds :data:`REPLICA_COLUMN` last.
 STEP_COLUMNS: tuple[str, ...] = tuple(f.name for f in fields(StepLog) if f.name != "durations_s")
+#: The last column of ``requests.csv`` and ``steps.csv`` in a multi-replica run (``deployment.replicas >
+#: 1``): the replica (0-based) that served the request (-1: never routed) or whose step the row is.
+REPLICA_COLUMN = "replica"
 
 
 def request_columns(out: EngineOutput) -> dict[str, np.ndarray]:
@@ -38,12 +43,19 @@ def request_columns(out: EngineOutput) -> dict[str, np.ndarray]:
     lat = request_latencies(req)
     data = {name: np.asarray(getattr(req, name)) for name in REQUEST_COLUMNS if hasattr(req, name)}
     data.update({key: lat[key] for key in ("ttft_s", "tpot_s", "e2e_s", "queue_s")})
-    return {name: data[name] for name in REQUEST_COLUMNS}
+    columns = {name: data[name] for name in REQUEST_COLUMNS}
+    if out.request_replica is not None:
+        columns[REPLICA_COLUMN] = out.request_replica
+    return columns
 
 
 def step_columns(out: EngineOutput) -> dict[str, np.ndarray]:
-    """The columns of ``steps.csv``: every :class:`StepLog` field (see :data:`STEP_COLUMNS`), shape (R,)."""
-    return {name: np.asarray(getattr(out.steps, name)) for name in STEP_COLUMNS}
+    """The columns of ``steps.csv``: every :class:`StepLog` field (see :data:`STEP_COLUMNS`), shape (R,),
+    then :data:`REPLICA_COLUMN` in a multi-replica run."""
+    columns = {name: np.asarray(getattr(out.steps, name)) for name in STEP_COLUMNS}
+    if out.step_replica is not None:
+        columns[REPLICA_COLUMN] = out.step_replica
+    return columns
 
 
 def atomic_write(path: Path, chunks: Iterable[bytes]) -> None:
@@ -65,8 +77,10 @@ def write_outputs(out: EngineOutput, summary: dict, out_dir: Path) -> None:
 
     * ``summary.json``: ``summary`` as strict JSON (numpy scalars converted, NaN/inf written as null),
       indented, keys in the summary's order.
-    * ``requests.csv``: one row per request, columns :data:`REQUEST_COLUMNS`.
-    * ``steps.csv``: one row per :class:`StepLog` row, columns :data:`STEP_COLUMNS`.
+    * ``requests.csv``: one row per request, columns :data:`REQUEST_COLUMNS` (then :data:`REPLICA_COLUMN`
+      in a multi-replica run).
+    * ``steps.csv``: one row per :class:`StepLog` row, columns :data:`STEP_COLUMNS` (then
+      :data:`REPLICA_COLUMN` in a multi-replica run).
 
     CSV floats are written at full precision (each reads back as the same float64; the engine's
     picosecond times as their exact decimal) and NaN is an empty field (see
