@@ -85,6 +85,39 @@ def test_a_failure_leaves_a_missing_out_missing(tmp_path, capsys):
     assert not out.exists()
 
 
+def test_a_sweep_rerun_that_fails_its_check_removes_the_figures_drawn_from_its_tables(tmp_path, capsys):
+    """A rerun whose grid fails the up-front check removed summary.csv and speedup.csv, and left the figures
+    `servesim plot` had drawn from them."""
+    from servesim.sweep.runner import PLOT_FIGURES
+
+    out = tmp_path / "out"
+    _earlier_outputs(out, "sweep")
+    (out / "sweep.json").write_text("{}\n")
+    figures = [*PLOT_FIGURES, "heatmap_ttft_p99.png", "heatmap_ttft_p99.csv"]
+    for name in figures:
+        (out / name).write_text("drawn from the earlier table\n")
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 0]}})
+    assert main(["sweep", str(tmp_path / "s.yaml"), "--out", str(out)]) == 2
+    assert "engine.max_num_seqs=0" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points", "sweep.json"]
+
+
+@pytest.mark.parametrize("command", ["run", "capacity", "tune-k"])
+def test_a_sweep_folder_without_its_tables_is_still_refused_to_other_commands(tmp_path, capsys, command):
+    """An interrupted sweep's folder (its manifest and stored runs, no summary.csv yet) took a `servesim run`,
+    after which the sweep could not resume there."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "sweep.json").write_text("{}\n")
+    (out / "points").mkdir()
+    assert main(_argv(tmp_path, command, "--out", str(out))) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {out} holds the results of `servesim sweep` "
+                                       f"(sweep.json); give `servesim {command}` another folder, or remove them "
+                                       "first\n")
+    assert sorted(p.name for p in out.iterdir()) == ["points", "sweep.json"]
+
+
 def test_the_sweep_command_removes_the_runners_tables():
     from servesim.cli import COMMAND_OUTPUTS
     from servesim.sweep.runner import SWEEP_TABLES

@@ -44,6 +44,13 @@ COMMAND_OUTPUTS: dict[str, tuple[str, ...]] = {
     "validate": ("validation.csv", "validation.png"),
 }
 
+#: What marks a folder as a command's besides its :data:`COMMAND_OUTPUTS`, never removed by another: a sweep's
+#: manifest, written before its first run (a sweep interrupted, or failed after it, has no ``summary.csv``;
+#: a rerun resumes from its stored runs).
+COMMAND_MARKERS: dict[str, tuple[str, ...]] = {
+    "sweep": ("sweep.json",),
+}
+
 #: Examples printed under ``servesim --help`` and ``servesim COMMAND --help`` (run from a clone's root;
 #: tests/test_user_mistakes_outputs.py parses each one and checks that the files it names exist).
 EXAMPLES: dict[str | None, list[str]] = {
@@ -223,6 +230,8 @@ def _run_reported(module, args: argparse.Namespace, out: object) -> int:
         own = COMMAND_OUTPUTS.get(args.command, ())
         if own:
             check_no_other_results(args.command, out)
+        if args.command == "sweep":
+            own = own + tuple(_sweep_figures(out))  # drawn from the tables a failed sweep removes
         with _replacing_earlier_outputs(out, own):
             status = int(module.run(args) or 0)
         sys.stdout.flush()  # a closed pipe or a full device is said here, not as a traceback at exit
@@ -290,10 +299,21 @@ def check_no_other_results(command: str, out: object) -> None:
     for name, outputs in COMMAND_OUTPUTS.items():
         if name == command:
             continue
-        found = [f for f in outputs if (Path(out) / f).exists()]
+        found = [f for f in outputs + COMMAND_MARKERS.get(name, ()) if (Path(out) / f).exists()]
         if found:
             raise OutputFolderRefused(f"--out: {out} holds the results of `servesim {name}` ({', '.join(found)}); "
                                       f"give `servesim {command}` another folder, or remove them first")
+
+
+def _sweep_figures(out: object) -> list[str]:
+    """The figures ``servesim plot`` drew into an existing sweep folder ``out`` (none when it is not one)."""
+    from pathlib import Path
+
+    if out is None or not str(out).strip() or not Path(out).is_dir():
+        return []
+    from servesim.sweep.runner import plot_figures
+
+    return plot_figures(Path(out))
 
 
 def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):
