@@ -22,9 +22,9 @@ Merged output (:meth:`Deployment.output`), what :func:`servesim.metrics.summariz
 * steps: the StepLog rows of all replicas concatenated and sorted by start time (stable: ties in replica
   order); ``step_replica`` (and ``request_replica`` for the requests) says whose each row is, the
   ``replica`` column of ``steps.csv`` and ``requests.csv``. Every row is ONE replica's step or run:
-  ``batch_size``, ``num_waiting`` and ``kv_blocks_used`` are per replica. So ``summarize``'s ``batch_size`` is the busy-time-weighted mean (and the max) of the
-  per-replica batch size; ``kv_blocks_total`` is R x the per-replica blocks, so its
-  ``kv_cache_utilization`` is the busy-time-weighted per-replica utilisation divided by R (use the
+  ``batch_size``, ``num_waiting`` and ``kv_blocks_used`` are per replica. So ``summarize``'s
+  ``batch_size`` is the busy-time-weighted mean (and the max) of the per-replica batch size;
+  ``kv_blocks_total`` is R x the per-replica blocks, so its ``kv_cache_utilization`` is the busy-time-weighted per-replica utilisation divided by R (use the
   per-replica summaries, ``summary["replicas"]``, for a replica's own utilisation); its saturation test
   fits the per-replica waiting queues of the interleaved rows (about the mean per-replica trend).
 * ``extra_itl_s`` concatenated in replica order; ``end_s`` the latest replica end; speculative-decoding
@@ -178,7 +178,6 @@ def merge_outputs(outs: list[EngineOutput], assignment: np.ndarray) -> EngineOut
 
     starts = np.concatenate([np.asarray(o.steps.start_s, dtype=np.float64) for o in outs])
     order = np.argsort(starts, kind="stable")
-    step_replica = np.concatenate([np.full(len(o.steps), j, dtype=np.int64) for j, o in enumerate(outs)])[order]
     steps_fields = {}
     for f in dataclasses.fields(StepLog):
         if f.name == "durations_s":
@@ -225,7 +224,8 @@ def merge_outputs(outs: list[EngineOutput], assignment: np.ndarray) -> EngineOut
         prefix_cache=prefix_cache,
         num_replicas=len(outs),
         request_replica=np.asarray(assignment, dtype=np.int64).copy() if len(outs) > 1 else None,
-        step_replica=step_replica if len(outs) > 1 else None,
+        step_replica=(np.concatenate([np.full(len(o.steps), j, dtype=np.int64) for j, o in enumerate(outs)])[order]
+                      if len(outs) > 1 else None),
     )
 
 

@@ -294,7 +294,7 @@ def check_no_other_results(command: str, out: object) -> None:
 
     from servesim.errors import OutputFolderRefused
 
-    if out is None or not str(out).strip() or not Path(out).is_dir():
+    if not _existing_folder(out):
         return
     for name, outputs in COMMAND_OUTPUTS.items():
         if name == command:
@@ -305,12 +305,19 @@ def check_no_other_results(command: str, out: object) -> None:
                                       f"give `servesim {command}` another folder, or remove them first")
 
 
-def _sweep_figures(out: object) -> list[str]:
-    """The figures ``servesim plot`` drew into an existing sweep folder ``out`` (none when it is not one)."""
+def _existing_folder(out: object) -> bool:
+    """Whether ``--out`` (``out``, maybe None or blank) names an existing folder."""
     from pathlib import Path
 
-    if out is None or not str(out).strip() or not Path(out).is_dir():
+    return out is not None and bool(str(out).strip()) and Path(out).is_dir()
+
+
+def _sweep_figures(out: object) -> list[str]:
+    """The figures ``servesim plot`` drew into an existing sweep folder ``out`` (none when it is not one)."""
+    if not _existing_folder(out):
         return []
+    from pathlib import Path
+
     from servesim.sweep.runner import plot_figures
 
     return plot_figures(Path(out))
@@ -322,9 +329,8 @@ def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):
     failure only: each command removes its earlier outputs itself before it computes new ones (a sweep
     keeps the figures of a table it writes again unchanged)."""
     import contextlib
-    from pathlib import Path
 
-    if not names or out is None or not str(out).strip() or not Path(out).is_dir():
+    if not names or not _existing_folder(out):
         return contextlib.nullcontext()
     from servesim.atomic import replacing_outputs
 
