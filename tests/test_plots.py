@@ -83,6 +83,27 @@ def write_sweep_dir(folder, speedup=True):
                       "speedup": [1.4, 1.1, 0.7, 1.5, 1.3, 1.2]}).to_csv(folder / "speedup.csv", index=False)
 
 
+def test_plot_of_a_comparison_without_speculation_says_below_the_baseline(tmp_path, capsys):
+    from servesim.cli import main
+
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    summary = pd.concat([summary_frame().assign(variant=name) for name in ("rr", "jsq")])
+    summary.to_csv(sweep / "summary.csv", index=False)
+    (sweep / "sweep.json").write_text(json.dumps({"columns": {"workload.rate": "rate", "engine.max_num_seqs":
+                                                              "max_num_seqs"}, "baseline": "rr",
+                                                  "units": {"rate": "sessions/s"}}))
+    pd.DataFrame({"rate": [5, 10, 20], "max_num_seqs": [32] * 3, "variant": ["jsq"] * 3,
+                  "baseline_output_throughput": [1.0] * 3, "variant_output_throughput": [1.4, 1.1, 0.7],
+                  "speedup": [1.4, 1.1, 0.7]}).to_csv(sweep / "speedup.csv", index=False)
+    assert main(["plot", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "throughput below rr's above rate = 12.5" in out and "speculation" not in out
+    svg = (sweep / "speedup.svg").read_text()
+    assert "relative to rr" in svg and "Speculative" not in svg
+    assert "rate (sessions/s)" in svg and "requests/s" not in svg  # the manifest's unit, not the key's
+
+
 def test_plot_command_writes_figures_with_their_data(tmp_path, capsys):
     from servesim.cli import main
 

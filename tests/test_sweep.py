@@ -16,6 +16,7 @@ import servesim
 from servesim.errors import ConfigError
 from servesim.cli import sweep as command
 from servesim.sweep.points import expand_points, point_config, seed_sequence, task_seed
+from servesim.sweep import tables
 from servesim.sweep.runner import run_sweep
 from servesim.sweep.spec import SweepConfig, load_sweep
 
@@ -458,10 +459,17 @@ EXAMPLE12_LIKE = {
 
 
 def concurrency_simulate(config, *, seed=None, base_dir=None):
-    """output_throughput = concurrency * (1 + k/2) * 100 tokens/s plus a seeded draw in [0, 1)."""
+    """output_throughput = concurrency * (1 + k/2) * 100 tokens/s plus a seeded draw in [0, 1).
+
+    A speculative run (k > 0) also reports vLLM's counters under ``spec_decode``, as the simulator's
+    summary does (only for speculative runs).
+    """
     k = (config.get("speculative_config") or {}).get("num_speculative_tokens", 0)
     noise = float(np.random.default_rng(seed).random())
-    return {"output_throughput": config["workload"]["concurrency"] * (1 + k / 2) * 100.0 + noise}
+    summary = {"output_throughput": config["workload"]["concurrency"] * (1 + k / 2) * 100.0 + noise}
+    if k:
+        summary["spec_decode"] = {"num_drafts": 10, "mean_acceptance_length": 1 + k / 2}
+    return summary
 
 
 def test_speedup_two_variants_uses_plain_spec_names_and_rename(tmp_path):
@@ -503,6 +511,56 @@ def test_speedup_many_variants_uses_generic_names(tmp_path):
     want = [2.0, 3.0] * 4
     tol = [1.0 / (100.0 * c) * 3 for c in speedup["workload.concurrency"]]
     assert all(abs(s - w) <= t for s, w, t in zip(speedup["speedup"], want, tol))
+
+
+@pytest.mark.parametrize("variant_workload, want", [
+    (None, "requests/s"),  # the base's poisson workload
+    ({"type": "multi_turn"}, None),  # one variant's workload is multi-turn, the other's poisson: no one unit
+])
+def test_manifest_names_the_unit_of_each_swept_column(tmp_path, variant_workload, want):
+    sweep = {"base": "base.yaml", "grid": {"workload.rate": [1.0, 2.0], "engine.max_num_seqs": [8]},
+             "columns": {"workload.rate": "rate"}}
+    if variant_workload:
+        sweep["variants"] = {"a": {}, "b": {"workload.type": variant_workload["type"]}}
+    loaded = load_sweep(write_sweep(tmp_path, sweep))
+    units = {"rate": want, "engine.max_num_seqs": "requests"}
+    assert loaded.column_units() == {column: unit for column, unit in units.items() if unit}
+    multi_turn = dict(BASE, workload={"type": "multi_turn", "rate": 1.0, "num_sessions": 4})
+    loaded = load_sweep(write_sweep(tmp_path / "sessions", sweep if not variant_workload else
+                                    dict(sweep, variants={"a": {}}), base=multi_turn))
+    assert loaded.column_units()["rate"] == "sessions/s"  # a multi-turn workload's rate is of sessions
+    run_sweep(tmp_path / "sessions" / "sweep.yaml", tmp_path / "out", progress=False, simulate=fake_simulate)
+    manifest = json.loads((tmp_path / "out" / "sweep.json").read_text(encoding="utf-8"))
+    assert manifest["units"] == {"rate": "sessions/s", "engine.max_num_seqs": "requests"}
+
+
+@pytest.mark.parametrize("variants", [
+    # two routers (neither speculative): a ratio to the baseline, not a speculative speedup
+    {"rr": {"deployment.routing": "round_robin"}, "jsq": {"deployment.routing": "least_loaded"}},
+    # both speculative (k = 2 against k = 4): the baseline is not plain decoding either
+    {"k2": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 2}},
+     "k4": {"speculative_config": {"method": "ngram", "num_speculative_tokens": 4}}},
+])
+def test_speedup_of_two_variants_that_are_not_plain_against_spec_uses_generic_names(tmp_path, variants):
+    sweep = dict(EXAMPLE12_LIKE, variants=variants, baseline=next(iter(variants)), replications=1)
+    run_sweep(write_sweep(tmp_path, sweep), tmp_path / "out", progress=False, simulate=concurrency_simulate)
+    speedup = read_csv(tmp_path / "out" / "speedup.csv")
+    assert list(speedup.columns) == [
+        "batch_size", "variant", "baseline_output_throughput", "variant_output_throughput", "speedup",
+    ]
+    assert list(speedup["variant"]) == [list(variants)[1]] * 4
+
+
+def test_speculative_comparison_is_read_from_the_runs_spec_decode_counters():
+    summary = pd.DataFrame({"variant": ["plain", "eagle", "plain", "eagle"],
+                            "spec_decode.num_drafts": [np.nan, 12, np.nan, 11]})
+    assert tables.speculative_variants(summary) == {"eagle"}
+    assert tables.is_speculative_comparison(summary, "plain")
+    assert not tables.is_speculative_comparison(summary, "eagle")  # the baseline speculates
+    assert not tables.is_speculative_comparison(summary, None)
+    assert not tables.is_speculative_comparison(summary.drop(columns="spec_decode.num_drafts"), "plain")
+    mixed = pd.concat([summary, pd.DataFrame({"variant": ["chunked"], "spec_decode.num_drafts": [np.nan]})])
+    assert not tables.is_speculative_comparison(mixed, "plain")  # one compared variant does not speculate
 
 
 def test_speedup_skips_settings_whose_baseline_failed(tmp_path):

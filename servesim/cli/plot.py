@@ -6,7 +6,8 @@ Writes into DIR (or ``--out``), each figure as PNG and SVG with its data as CSV:
   or ``request_throughput``, ``total_token_throughput``, or a swept column), one curve per combination of
   the other swept columns and variant, the points of a curve taken along ``--along`` (default: the first
   swept column), 95% bands over replications; ``--slo ttft_p99=0.5`` draws dashed targets.
-* ``speedup`` (only with ``speedup.csv``): speedup against ``--along``, crossover marked.
+* ``speedup`` (only with ``speedup.csv``): each variant's output throughput over the baseline's against
+  ``--along``, crossover marked ("speculation hurts above ..." for a speculative-decoding comparison).
 * ``heatmap_<metric>`` for each ``--heatmap x=KEY,y=KEY,metric=COL``.
 * ``acceptance``: per-position acceptance bars (vLLM's unconditional rates) of each variant, when the
   sweep ran speculative decoding.
@@ -16,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,8 +36,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="heatmap of a metric over two swept columns (repeatable)")
 
 
-def read_sweep_dir(folder: Path):
-    """(summary DataFrame, swept key -> column name, speedup DataFrame or None) of a sweep folder.
+@dataclass
+class SweepTables:
+    """What ``servesim plot`` reads of a sweep folder.
+
+    Attributes:
+        summary: ``summary.csv``, one row per run.
+        columns: swept key -> its column name (``sweep.json``'s ``columns``).
+        units: column -> unit of its values (``sweep.json``'s ``units``; None from a manifest without it).
+        baseline: the variant compared with (``sweep.json``'s ``baseline``), or None.
+        speedup: ``speedup.csv``, or None without one.
+    """
+
+    summary: Any
+    columns: dict[str, str]
+    units: dict[str, str] | None
+    baseline: str | None
+    speedup: Any
+
+
+def read_sweep_dir(folder: Path) -> SweepTables:
+    """The tables and manifest of a sweep folder.
 
     Raises:
         ConfigError: ``summary.csv`` or ``sweep.json`` missing or unreadable (one line naming the file).
@@ -61,7 +83,9 @@ def read_sweep_dir(folder: Path):
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         columns = dict(meta["columns"])
-    except (OSError, ValueError, KeyError, AttributeError):
+        units = None if meta.get("units") is None else dict(meta["units"])
+        baseline = None if meta.get("baseline") is None else str(meta["baseline"])
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
         raise ConfigError(f"{meta_path}: cannot read the sweep manifest (expected JSON with 'columns')") from None
     speedup = None
     if (folder / "speedup.csv").exists():
@@ -69,7 +93,7 @@ def read_sweep_dir(folder: Path):
             speedup = pd.read_csv(folder / "speedup.csv")
         except (OSError, ValueError):
             raise ConfigError(f"{folder / 'speedup.csv'}: cannot read the speedup table") from None
-    return summary, columns, speedup
+    return SweepTables(summary, columns, units, baseline, speedup)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,9 +108,12 @@ def run(args: argparse.Namespace) -> int:
     from servesim.atomic import prepare_output_dir, remove_stale
     from servesim.plots.heatmap import heatmap_columns, parse_heatmap, plot_heatmap
 
-    summary, keys, speedup = read_sweep_dir(args.dir)
-    columns = list(keys.values())
-    labels = axis_labels(keys)
+    from servesim.sweep.tables import is_speculative_comparison
+
+    tables = read_sweep_dir(args.dir)
+    summary, speedup = tables.summary, tables.speedup
+    columns = list(tables.columns.values())
+    labels = axis_labels(tables.columns, tables.units)
     out = args.out or args.dir
     slos = {s.name: s.target_s for s in parse_slos(args.slo)}
     heatmaps = [parse_heatmap(h) for h in args.heatmap]
@@ -121,12 +148,19 @@ def run(args: argparse.Namespace) -> int:
             sp_along = along if along in speedup.columns else next((c for c in columns if c in speedup.columns), None)
             if sp_along is not None:
                 path = Path(out) / "speedup.png"
-                table = plot_speedup(speedup, sp_along, path, labels.get(sp_along))
+                # plain_/spec_ columns: the sweep found a speculative comparison when it wrote the table
+                speculative = ("spec_output_throughput" in speedup.columns
+                               or is_speculative_comparison(summary, tables.baseline))
+                baseline = tables.baseline or "baseline"
+                table = plot_speedup(speedup, sp_along, path, labels.get(sp_along), speculative=speculative,
+                                     baseline=baseline)
                 written.append(path)
+                hurts, never = (("speculation hurts", "speculation never hurts") if speculative else
+                                (f"throughput below {baseline}'s", f"throughput never below {baseline}'s"))
                 for group, g in table.groupby("group", sort=False):
                     value = float(g["crossover"].iloc[0])
-                    print(f"{group}: " + (f"speculation hurts above {sp_along} = {value:.4g}" if value == value
-                                          else "speculation never hurts in the range"))
+                    print(f"{group}: " + (f"{hurts} above {sp_along} = {value:.4g}" if value == value
+                                          else f"{never} in the range"))
         from servesim.plots.acceptance import acceptance_table, plot_acceptance
 
         accept = acceptance_table(summary, ["variant"] if summary["variant"].nunique() > 1 else [])

@@ -1,4 +1,4 @@
-"""Curves from a sweep's tables: latency vs throughput (with confidence bands) and speculative speedup.
+"""Curves from a sweep's tables: latency vs throughput (with confidence bands) and speedup over a baseline.
 
 Every figure is written as PNG and SVG with its data as CSV beside it. matplotlib is imported lazily
 (:func:`servesim.plots.style.pyplot`, Agg backend).
@@ -23,22 +23,17 @@ THROUGHPUT_AXES = {
     "request_throughput": "achieved request throughput (requests/s)",
     "total_token_throughput": "achieved total token throughput (tokens/s)",
 }
-#: Units of common swept keys, for axis labels.
-KEY_UNITS = {
-    "workload.rate": "requests/s",
-    "workload.rate_scale": "x the trace's rate",
-    "workload.concurrency": "clients",
-    "engine.max_num_seqs": "requests",
-    "engine.max_num_batched_tokens": "tokens",
-    "deployment.replicas": "replicas",
-    "tensor_parallel_size": "GPUs",
-    "speculative_config.num_speculative_tokens": "tokens",
-}
+def axis_labels(columns: dict[str, str], units: dict[str, str] | None = None) -> dict[str, str]:
+    """Swept key -> column map of sweep.json turned into column -> axis label with its unit if known.
 
+    ``units`` (column -> unit) is sweep.json's ``units``; a manifest written before it existed falls back
+    to :data:`servesim.sweep.spec.KEY_UNITS` by key.
+    """
+    from servesim.sweep.spec import KEY_UNITS
 
-def axis_labels(columns: dict[str, str]) -> dict[str, str]:
-    """Swept key -> column map of sweep.json turned into column -> axis label with its unit if known."""
-    return {col: f"{col} ({KEY_UNITS[key]})" if key in KEY_UNITS else col for key, col in columns.items()}
+    if units is None:
+        units = {col: KEY_UNITS[key] for key, col in columns.items() if key in KEY_UNITS}
+    return {col: f"{col} ({units[col]})" if col in units else col for col in columns.values()}
 
 
 #: Latency panels: (summary column prefix, title).
@@ -203,11 +198,15 @@ def crossover(xs, speedup) -> float | None:
     return None
 
 
-def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | None = None) -> pd.DataFrame:
-    """``speedup.png/.svg`` and ``speedup_curve.csv``: speculative speedup against ``along``.
+def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | None = None, *,
+                 speculative: bool | None = None, baseline: str = "baseline") -> pd.DataFrame:
+    """``speedup.png/.svg`` and ``speedup_curve.csv``: each variant's throughput over the baseline's.
 
     One line per group (the other swept columns and ``variant`` if present), y = 1 dashed, the crossover
-    ("speculation hurts above X", :func:`crossover`) marked, or "never in the range" in the legend.
+    (:func:`crossover`) marked, or "never in the range" in the legend. With ``speculative`` (the sweep
+    compares speculative variants with a plain baseline, :func:`servesim.sweep.tables.is_speculative_comparison`;
+    by default: the table has ``spec_output_throughput``) the figure is the speculative speedup
+    ("speculation hurts above X"); otherwise a ratio to ``baseline`` (the variant's name), worded so.
 
     Returns:
         The table written: ``group``, group columns, ``along``, ``speedup``, ``crossover`` (per group, NaN
@@ -224,6 +223,9 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
     data[along] = pd.to_numeric(data[along], errors="coerce")
     if data[along].isna().all():
         raise ValueError(f"column {along!r} of speedup.csv is not numeric")
+    if speculative is None:
+        speculative = "spec_output_throughput" in speedup.columns
+    hurts, never = ("speculation hurts", "hurts") if speculative else (f"below {baseline}", f"below {baseline}")
     skip = {along, "speedup"} | {c for c in data.columns if c.endswith("_output_throughput")}
     group_cols = [c for c in data.columns if c not in skip]
     plt = pyplot()
@@ -237,7 +239,7 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
         g = g.sort_values(along)
         x_cross = crossover(g[along], g["speedup"])
         c = colors[gi % len(colors)]
-        text = f"speculation hurts above {along} = {x_cross:.3g}" if x_cross is not None else "never hurts in the range"
+        text = (f"{hurts} above {along} = {x_cross:.3g}" if x_cross is not None else f"never {never} in the range")
         ax.plot(g[along], g["speedup"], "o-", color=c, label=text if group == "all" else f"{group}: {text}")
         if x_cross is not None:
             ax.axvline(x_cross, color=c, linestyle=":", linewidth=1)
@@ -245,6 +247,7 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
             rows.append({"group": group, **dict(zip(group_cols, key)), along: r[along], "speedup": r["speedup"],
                          "crossover": np.nan if x_cross is None else x_cross})
     ax.axhline(1.0, color="black", linestyle="--", linewidth=1)
+    ax.ticklabel_format(axis="y", useOffset=False)  # ratios near 1 read as such, not as "+1" and offsets
     xs = data[along].dropna()
     if len(xs) and xs.min() > 0 and xs.max() / xs.min() >= 16:
         from matplotlib.ticker import FuncFormatter
@@ -252,8 +255,12 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
         ax.set_xscale("log", base=2)
         ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.set_xlabel(label or along)
-    ax.set_ylabel("speedup (output tokens/s, spec / plain)")
-    ax.set_title("Speculative decoding speedup")
+    if speculative:
+        ax.set_ylabel("speedup (output tokens/s, spec / plain)")
+        ax.set_title("Speculative decoding speedup")
+    else:
+        ax.set_ylabel(f"output tokens/s, variant / {baseline}")
+        ax.set_title(f"Output throughput relative to {baseline}")
     ax.legend(fontsize=7)
     fig.tight_layout()
     out_png = Path(out_png)

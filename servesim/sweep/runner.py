@@ -184,6 +184,7 @@ def _write_manifest(out_dir: Path, sweep: LoadedSweep) -> None:
         "source": sweep.source,
         "base_dir": str(sweep.base_dir),
         "columns": cfg.column_names(),
+        "units": sweep.column_units(),
         "variants": list(cfg.variants),
         "baseline": cfg.baseline,
         "replications": cfg.replications,

@@ -204,6 +204,19 @@ class SweepConfig(InputModel):
         return {key: self.columns.get(key, key) for key in self.swept_keys()}
 
 
+#: Units of common swept keys, for the axis labels of a sweep's figures (``sweep.json``'s ``units``).
+KEY_UNITS = {
+    "workload.rate": "requests/s",
+    "workload.rate_scale": "x the trace's rate",
+    "workload.concurrency": "clients",
+    "engine.max_num_seqs": "requests",
+    "engine.max_num_batched_tokens": "tokens",
+    "deployment.replicas": "replicas",
+    "tensor_parallel_size": "GPUs",
+    "speculative_config.num_speculative_tokens": "tokens",
+}
+
+
 class LoadedSweep:
     """A validated sweep with its base config read and its paths resolved.
 
@@ -220,6 +233,38 @@ class LoadedSweep:
         self.base = base
         self.base_dir = base_dir
         self.source = source
+
+    def column_units(self) -> dict[str, str]:
+        """Swept column name -> the unit of its values, for the keys whose unit is known (:data:`KEY_UNITS`).
+
+        ``workload.rate`` is in sessions/s when every point's workload is ``multi_turn`` (the base's
+        type, a variant's or a swept ``workload.type``), in requests/s when none is, and left without a
+        unit when the sweep mixes them.
+        """
+        from servesim.config.overrides import set_dotted
+
+        cfg = self.config
+        workloads = []
+        for overrides in cfg.variants.values() or [{}]:
+            config = self.base
+            try:
+                for key, value in overrides.items():
+                    config = set_dotted(config, key, value, source=self.source)
+            except ConfigError:  # (reported where the variant's points are built)
+                config = {}
+            workloads.append(config.get("workload"))
+        for values in [cfg.grid, *cfg.zip]:
+            workloads += values.get("workload", [])
+            workloads += [{"type": value} for value in values.get("workload.type", [])]
+        types = {workload.get("type") if isinstance(workload, dict) else None for workload in workloads}
+        units = {}
+        for key, column in cfg.column_names().items():
+            unit = KEY_UNITS.get(key)
+            if key == "workload.rate" and "multi_turn" in types:
+                unit = "sessions/s" if types == {"multi_turn"} else None
+            if unit is not None:
+                units[column] = unit
+        return units
 
 
 def resolve_sweep(config: SweepConfig, folder: str | Path, source: str) -> LoadedSweep:

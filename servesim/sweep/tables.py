@@ -76,6 +76,33 @@ def summary_frame(sweep: LoadedSweep, records: Sequence[tuple[Point, int, dict[s
     return pd.DataFrame(rows, columns=columns)
 
 
+def speculative_variants(summary: pd.DataFrame) -> set[str]:
+    """The variants (as text) of ``summary`` whose runs used speculative decoding.
+
+    A run did when its row has a ``spec_decode.*`` value (the simulator reports vLLM's speculative
+    counters only for a speculative run, :func:`servesim.metrics.summary.spec_decode_summary`).
+    """
+    columns = [c for c in summary.columns if str(c).startswith("spec_decode.")]
+    if not columns or "variant" not in summary.columns:
+        return set()
+    used = summary[columns].notna().any(axis=1)
+    return set(summary.loc[used, "variant"].astype(str))
+
+
+def is_speculative_comparison(summary: pd.DataFrame, baseline: str | None) -> bool:
+    """True when the baseline variant ran without speculative decoding and every other variant with it.
+
+    Such a sweep's ``speedup.csv`` is the speedup of speculative decoding; any other comparison (two
+    schedulers, two routers, two GPUs) is a plain ratio of throughputs to the baseline's.
+    """
+    if baseline is None or "variant" not in summary.columns:
+        return False
+    variants = set(summary["variant"].astype(str))
+    speculative = speculative_variants(summary)
+    others = variants - {str(baseline)}
+    return str(baseline) not in speculative and bool(others) and others <= speculative
+
+
 def speedup_frame(sweep: LoadedSweep, summary: pd.DataFrame) -> pd.DataFrame:
     """Compare every non-baseline variant with the baseline at each setting of the swept keys.
 
@@ -84,10 +111,11 @@ def speedup_frame(sweep: LoadedSweep, summary: pd.DataFrame) -> pd.DataFrame:
     A setting appears only where both the baseline and the variant have at least one finished run.
 
     Columns: the swept columns, then ``variant``, ``baseline_output_throughput``,
-    ``variant_output_throughput``, ``speedup``. When the sweep has exactly two variants (the baseline and
-    one other), the ``variant`` column is dropped and the throughput columns are named
-    ``plain_output_throughput`` and ``spec_output_throughput`` (the speculative-decoding comparison,
-    e.g. ``batch_size, plain_output_throughput, spec_output_throughput, speedup``).
+    ``variant_output_throughput``, ``speedup``. When the sweep compares exactly two variants, a baseline
+    without speculative decoding and one with it (:func:`is_speculative_comparison`), the ``variant``
+    column is dropped and the throughput columns are named ``plain_output_throughput`` and
+    ``spec_output_throughput`` (e.g. ``batch_size, plain_output_throughput, spec_output_throughput,
+    speedup``).
 
     Raises:
         KeyError: the summaries have no ``output_throughput``.
@@ -109,7 +137,7 @@ def speedup_frame(sweep: LoadedSweep, summary: pd.DataFrame) -> pd.DataFrame:
         if key not in settings:
             settings[key] = list(group.iloc[0][axis_columns]) if axis_columns else []
             order.append(key)
-    pair = len(cfg.variants) == 2
+    pair = len(cfg.variants) == 2 and is_speculative_comparison(summary, baseline)
     base_name, other_name = ("plain", "spec") if pair else ("baseline", "variant")
     rows = []
     for key in order:
