@@ -114,7 +114,33 @@ def test_killed_sweep_leaves_no_workers(tmp_path, signum):
         alive = _wait_until_gone(family)
         assert alive == [], f"processes left running after {signal.Signals(signum).name}: {alive}"
         if signum == signal.SIGTERM:
-            assert status == 143 and "terminated (SIGTERM)" in (tmp_path / "log.txt").read_text()
+            log = (tmp_path / "log.txt").read_text()
+            assert status == 143 and "terminated (SIGTERM)" in log
+            assert "Exception ignored" not in log and "Traceback" not in log, log
+
+
+def _slow_square(value: int) -> int:
+    time.sleep(60)
+    return value * value
+
+
+def test_an_interrupted_local_pool_leaves_no_thread_running_into_exit():
+    # the pool's manager thread, left running after shutdown(wait=False), could write to a closed pipe at
+    # interpreter exit ("Exception ignored ... Bad file descriptor"): it is joined once the workers are gone
+    import threading
+    from concurrent.futures import process
+
+    from servesim.sweep.executors import _local_pool
+
+    with pytest.raises(KeyboardInterrupt):
+        with _local_pool(2) as pool:
+            futures = [pool.submit(_slow_square, i) for i in range(4)]
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while time.monotonic() < deadline and not any(f.running() for f in futures):
+                time.sleep(0.05)
+            raise KeyboardInterrupt
+    managers = [t for t in threading.enumerate() if isinstance(t, process._ExecutorManagerThread)]
+    assert [t for t in managers if t.is_alive()] == []
 
 
 try:

@@ -66,12 +66,18 @@ def _local_pool(jobs: int) -> Iterator[ProcessPoolExecutor]:
     try:
         yield pool
     except BaseException:
+        manager = getattr(pool, "_executor_manager_thread", None)  # (shutdown forgets it)
         pool.shutdown(wait=False, cancel_futures=True)
         workers = [p for p in multiprocessing.active_children() if p not in before]
         for worker in workers:
             worker.terminate()
         for worker in workers:
             worker.join(timeout=5)
+        if manager is not None:
+            # the pool's manager thread ends once it sees its workers gone; left running into the
+            # interpreter's exit it can write to a closed pipe ("Exception ignored ... Bad file descriptor",
+            # CPython gh-132969, fixed after 3.13)
+            manager.join(timeout=5)
         raise
     pool.shutdown(wait=True, cancel_futures=True)
 
