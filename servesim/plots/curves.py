@@ -23,6 +23,8 @@ THROUGHPUT_AXES = {
     "request_throughput": "achieved request throughput (requests/s)",
     "total_token_throughput": "achieved total token throughput (tokens/s)",
 }
+
+
 def axis_labels(columns: dict[str, str], units: dict[str, str] | None = None) -> dict[str, str]:
     """Swept key -> column map of sweep.json turned into column -> axis label with its unit if known.
 
