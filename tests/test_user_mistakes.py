@@ -298,6 +298,32 @@ def test_trace_token_counts_beyond_int32_are_refused(tmp_path, name, body, where
     assert str(info.value) == f"{path}: {where}: expected at most 2147483647 tokens (got {count})"
 
 
+MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
+
+
+@pytest.mark.parametrize("body, hash_ids, message", [
+    # named "row 2" (the data row, not the line: a blank line above it, and a window, shifted it)
+    (MOONCAKE_ROW + "\n" + MOONCAKE_ROW.replace("[0, 1]", '[0, "x"]'), True,
+     "line 3: hash_ids: expected integer ids in 0..2^56-1 (got 'x' as entry 2 of 2)"),
+    (MOONCAKE_ROW + MOONCAKE_ROW.replace("[0, 1]", "[0, 1, -4]"), True,
+     "line 2: hash_ids: expected integer ids in 0..2^56-1 (got -4 as entry 3 of 3)"),
+    # a key twice in one line was read silently, the last value kept
+    (MOONCAKE_ROW.replace('"output_length": 5', '"output_length": 5, "input_length": 700'), False,
+     "line 1: key 'input_length' given twice (expected each key once)"),
+    (MOONCAKE_ROW + MOONCAKE_ROW.replace("[0, 1]", "[0], \"hash_ids\": [1]"), True,
+     "line 2: key 'hash_ids' given twice (expected each key once)"),
+])
+def test_mooncake_trace_mistakes_name_the_file_line(tmp_path, body, hash_ids, message):
+    from servesim.errors import TraceError
+    from servesim.workload.trace import load_trace
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(body)
+    with pytest.raises(TraceError) as info:
+        load_trace(path, prefix_block_ids=hash_ids)
+    assert str(info.value) == f"{path}: {message}"
+
+
 FIXED5 = "prompt_tokens: {type: fixed, value: 5}, output_tokens: {type: fixed, value: 5}"
 MULTI_TURN = ("workload={type: multi_turn, rate: 1, num_sessions: 3, turns: {type: fixed, value: 2}, think_time_s: 1, "
               "message_tokens: {type: fixed, value: 5}, output_tokens: {type: fixed, value: 5}")
