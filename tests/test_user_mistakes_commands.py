@@ -211,6 +211,22 @@ def test_capacity_names_the_replica_limit_it_reached(tmp_path, capsys):
             in capsys.readouterr().out.splitlines())
 
 
+def test_capacity_shows_small_rates_in_significant_digits():
+    # rates below 0.0005 req/s all read "0.000" in the table and the answer ("capacity: 0.000 requests/s")
+    from pathlib import Path
+
+    from servesim.analysis.capacity import CapacitySearch, parse_slo
+    from servesim.cli.capacity import format_result
+
+    from test_capacity import FakeSimulate, poisson_cfg
+
+    search = CapacitySearch(poisson_cfg(2.0), Path("."), [parse_slo("itl_p99=0.000003")], replications=1,
+                            simulate=FakeSimulate())  # itl p99 = 0.01 s x rate: capacity 0.0003 req/s
+    lines = format_result(search.max_rate(), search).splitlines()
+    assert lines[1].split()[:2] == ["0.0002441", "1"] and lines[-3].split()[:2] == ["2", "1"]
+    assert lines[-1] == "capacity: 0.0002975 requests/s (within 5%)"
+
+
 def test_plot_of_a_run_folder_says_it_holds_a_run(tmp_path, capsys):
     # was "DIR/summary.csv: cannot read the sweep summary (FileNotFoundError); run `servesim sweep` first"
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
