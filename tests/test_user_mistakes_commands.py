@@ -227,6 +227,18 @@ def test_capacity_shows_small_rates_in_significant_digits():
     assert lines[-1] == "capacity: 0.0002975 requests/s (within 5%)"
 
 
+def test_check_draft_names_both_vocabularies_values(tmp_path, capsys):
+    # was "BOS id differs: None" (the lesson's wording names the draft's value only, None for no BOS token)
+    card = 'name: {name}\nvocab_type: BPE\n{bos}eos_id: 1\ntokens: ["<s>", "</s>", "a", "b", "c", "d"]\n'
+    (tmp_path / "t.yaml").write_text(card.format(name="with-bos", bos="bos_id: 0\n"))
+    (tmp_path / "d.yaml").write_text(card.format(name="no-bos", bos=""))
+    assert main(["check-draft", str(tmp_path / "t.yaml"), str(tmp_path / "d.yaml")]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "BOS id differs: None (target 0, draft none)",
+        "  target (with-bos): type BPE, BOS id 0, EOS id 1, add BOS unknown, add EOS unknown, 6 tokens",
+        "  draft (no-bos): type BPE, BOS id none, EOS id 1, add BOS unknown, add EOS unknown, 6 tokens"]
+
+
 def test_plot_of_a_run_folder_says_it_holds_a_run(tmp_path, capsys):
     # was "DIR/summary.csv: cannot read the sweep summary (FileNotFoundError); run `servesim sweep` first"
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
