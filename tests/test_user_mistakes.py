@@ -272,8 +272,22 @@ def test_sweep_checks_the_points_speculative_configs_up_front(tmp_path, capsys):
     sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "variants": variants})
     assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"servesim: error: {sweep} (point ") and err.endswith(f": {BAD_SPEC_ERROR}"), err
+    # the variant by its name (it was named by its overrides, the whole speculative_config)
+    assert err == f"servesim: error: {sweep} (variant 'eagle'): {BAD_SPEC_ERROR}", err
     assert not (tmp_path / "o" / "summary.csv").exists()
+
+
+@pytest.mark.parametrize("variants, where", [
+    ({"plain": {}, "small-blocks": {"engine.block_size": 0}}, "variant 'small-blocks', point engine.max_num_seqs=8"),
+    ({}, "point engine.max_num_seqs=8"),
+])
+def test_sweep_names_a_bad_point_by_its_variant_and_swept_values(tmp_path, capsys, variants, where):
+    base = {**SMALL, "engine": {"block_size": 0}} if not variants else SMALL
+    write_yaml(tmp_path / "c.yaml", base)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 16]},
+                                             "variants": variants})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith(f"servesim: error: {sweep} ({where}): engine.block_size: ")
 
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,"

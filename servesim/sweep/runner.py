@@ -212,7 +212,8 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
     """Validate every point's run config up front (one point at a time; a tqdm bar on stderr with ``show``).
 
     Raises:
-        ConfigError: one line naming the sweep file, the point's overrides and the bad field.
+        ConfigError: one line naming the sweep file, the point (its variant by name, its swept values) and
+            the bad field.
     """
     from tqdm import tqdm
 
@@ -221,8 +222,11 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
 
     points = iter_points(loaded)
     for point in tqdm(points, total=count_points(loaded), disable=not show, unit="point", desc="check"):
-        overrides = ", ".join(f"{k}={v!r}" for k, v in point.overrides().items()) or "base"
-        validate(SimConfig, point_config(loaded, point), f"{loaded.source} (point {overrides})")
+        # the variant by its name: its overrides (a whole speculative_config) do not say which one it is
+        variant = [f"variant {point.variant!r}"] if loaded.config.variants else []
+        axes = ", ".join(f"{k}={v!r}" for k, v in point.axes.items())
+        where = ", ".join(variant + ([f"point {axes}"] if axes else [])) or "point base"
+        validate(SimConfig, point_config(loaded, point), f"{loaded.source} ({where})")
 
 
 def count_runs(sweep: LoadedSweep) -> tuple[int, int]:
