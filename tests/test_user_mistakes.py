@@ -277,6 +277,33 @@ def test_sweep_checks_the_points_speculative_configs_up_front(tmp_path, capsys):
     assert not (tmp_path / "o" / "summary.csv").exists()
 
 
+@pytest.mark.parametrize("base, message", [
+    # '' read the sweep file's folder: "cannot read file (Is a directory)"
+    ("", "{sweep}: base: expected the path of a run config file (relative to the sweep file) or an inline mapping "
+         "of run settings (got '')"),
+    ("runs", "{sweep}: base: {tmp}/runs is a folder (expected a run config file)"),
+    # another sweep file: its missing hardware, model and workload were listed as the mistake
+    ("other.yaml", "{tmp}/other.yaml: a sweep file (base, grid/zip/variants), not a run config: the base of {sweep} "
+                   "must be a run config (hardware, model, workload)"),
+])
+def test_sweep_base_that_is_no_run_config_file_says_what_it_is(tmp_path, capsys, base, message):
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    (tmp_path / "runs").mkdir()
+    write_yaml(tmp_path / "other.yaml", {"base": "c.yaml"})
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": base, "variants": {"a": {}}})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {message.format(sweep=sweep, tmp=tmp_path)}\n"
+    assert not (tmp_path / "o").exists()
+
+
+def test_run_of_a_sweep_file_with_a_base_only_says_it_is_a_sweep_file(tmp_path, capsys):
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml"})
+    assert main(["run", str(sweep), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(f"servesim: error: {sweep}: a sweep file (base, grid/zip/variants), "
+                                              "not a run config")
+
+
 @pytest.mark.parametrize("variants, where", [
     ({"plain": {}, "small-blocks": {"engine.block_size": 0}}, "variant 'small-blocks', point engine.max_num_seqs=8"),
     ({}, "point engine.max_num_seqs=8"),
