@@ -339,6 +339,25 @@ def test_trace_token_counts_beyond_int32_are_refused(tmp_path, name, body, where
     assert str(info.value) == f"{path}: {where}: expected at most 2147483647 tokens (got {count})"
 
 
+@pytest.mark.parametrize("body, line", [
+    (AZURE_HEADER + "10,5\n2023-11-16 18:15:47.0000000,1\r0,5\n", 3),  # a stray \r in a field
+    (AZURE_HEADER + "10,5\r2023-11-16 18:15:47.0000000,10,5\n", 2),  # an old Mac line end
+    ("TIMESTAMP,Context\rTokens,GeneratedTokens\n2023-11-16 18:15:46.0000000,10,5\n", 1),
+])
+def test_azure_trace_with_a_stray_carriage_return_names_the_line(tmp_path, body, line):
+    # was the csv module's "new-line character seen in unquoted field - do you need to open the file in
+    # universal-newline mode?"
+    from servesim.errors import TraceError
+    from servesim.workload.trace import load_trace
+
+    path = tmp_path / "t.csv"
+    path.write_bytes(body.encode())
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert str(info.value) == (f"{path}: line {line}: a carriage return (\\r) inside the line (expected each line "
+                               "to end in \\n or \\r\\n, with no \\r elsewhere)")
+
+
 MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
 
 
