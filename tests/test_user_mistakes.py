@@ -613,6 +613,28 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
     assert last.startswith(f"servesim: error: {path}: cases[0].config: {message}"), last
 
 
+@pytest.mark.parametrize("change, field", [
+    ({"measured": {"metric": "output_thruput", "unit": "tok/s", "value": 100}}, "measured.metric"),
+    ({"measured": {"metric": "speedup", "unit": "x", "value": 1.5}, "baseline": {}, "speedup_of": "e2e.mean"},
+     "speedup_of"),
+])
+def test_validate_checks_the_metric_names_before_running_a_case(tmp_path, capsys, change, field):
+    # an unknown metric of the second case was found after the first case had run
+    config = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+              "workload": {"type": "closed_loop", "concurrency": 1, "num_requests": 3,
+                           "prompt_tokens": {"type": "fixed", "value": 10},
+                           "output_tokens": {"type": "fixed", "value": 10}}}
+    case = {"name": "a", "source": "s", "setup": "s", "role": "fit", "tolerance": 0.02, "tolerance_source": "s",
+            "measured": {"metric": "output_throughput", "unit": "tok/s", "value": 100}, "config": config}
+    path = write_yaml(tmp_path / "case.yaml", {"cases": [case, {**case, "name": "b", **change}]})
+    assert main(["validate", str(path), "--out", str(tmp_path / "o")]) == 2
+    metric = change.get("speedup_of") or change["measured"]["metric"]
+    assert capsys.readouterr().err == (f"servesim: error: {path}: cases[1].{field}: unknown summary metric "
+                                       f"{metric!r} (e.g. output_throughput, e2e_s.mean, "
+                                       "spec_decode.mean_acceptance_length)\n")  # no "running a" line before
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("override, message", [
     # OverflowError tracebacks (cannot convert float infinity to integer)
     ("roofline.step_overhead_s=1.0e+300", "roofline: a step of max_num_batched_tokens=8192 tokens takes 1e+300 s"),
