@@ -613,6 +613,29 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
     assert last.startswith(f"servesim: error: {path}: cases[0].config: {message}"), last
 
 
+@pytest.mark.parametrize("key, name, text, message", [
+    # an empty card listed its missing fields; a JSON model config named only the file
+    ("hardware", "gpu.yaml", "- h100\n", "expected a mapping of hardware card fields (name, vendor, memory_bytes, "
+                                         "...) at the top level (got a list)"),
+    ("hardware", "gpu.yaml", "", "expected a mapping of hardware card fields (name, vendor, memory_bytes, ...) at "
+                                 "the top level (got an empty file)"),
+    ("model", "m.yml", "llama\n", "expected a mapping of model card fields (name, max_model_len, ...) at the top "
+                                  "level (got 'llama')"),
+    ("model", "config.json", "[1, 2]", "expected a JSON object (a Hugging Face config.json; got a list)"),
+])
+def test_a_card_file_that_is_no_mapping_says_what_was_expected_and_found(tmp_path, capsys, key, name, text, message):
+    (tmp_path / name).write_text(text)
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, key: name})
+    assert err == f"servesim: error: {tmp_path / name}: {message}\n"
+
+
+def test_a_run_config_that_is_no_mapping_says_what_was_found(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("- hardware: h100-sxm\n")
+    assert main(["run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {tmp_path / 'c.yaml'}: expected a mapping of config keys "
+                                       "at the top level (got a list)\n")
+
+
 @pytest.mark.parametrize("change, field", [
     ({"measured": {"metric": "output_thruput", "unit": "tok/s", "value": 100}}, "measured.metric"),
     ({"measured": {"metric": "speedup", "unit": "x", "value": 1.5}, "baseline": {}, "speedup_of": "e2e.mean"},

@@ -271,7 +271,7 @@ def load_cases(paths: list[str | Path] | None = None, *, fast_only: bool = False
 
 
 def _base_config(lc: LoadedCase) -> tuple[dict[str, Any], Path]:
-    from servesim.input_files import load_yaml
+    from servesim.input_files import load_yaml, shown_found
 
     cfg = lc.case.config
     if isinstance(cfg, str):
@@ -280,7 +280,7 @@ def _base_config(lc: LoadedCase) -> tuple[dict[str, Any], Path]:
             path = lc.file.parent / path
         data = load_yaml(path)
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level (got {shown_found(data)})")
         return data, path.resolve().parent
     return dict(cfg), lc.file.resolve().parent
 
@@ -411,7 +411,7 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
     """
     from servesim.analysis.bench_replay import METRICS, read_bench_result, result_number, replay_workload
     from servesim.api import simulate
-    from servesim.input_files import load_yaml
+    from servesim.input_files import load_yaml, shown_found
     from servesim.config.models import validate_config
 
     base = case_file.resolve().parent
@@ -432,7 +432,7 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
         path = Path(server) if Path(server).is_absolute() else base / server
         server = load_yaml(path)
         if not isinstance(server, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level (got {shown_found(server)})")
         folder = path.resolve().parent
         source = str(path)  # a mistake in the server's file (--server) names that file
     with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:

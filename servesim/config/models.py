@@ -273,13 +273,13 @@ def load_config(
     Raises:
         ConfigError: unreadable file, invalid YAML, or a field that fails validation (one line).
     """
-    from servesim.input_files import load_yaml
+    from servesim.input_files import load_yaml, shown_found
     from servesim.config.overrides import set_dotted
 
     p = Path(path)
     data = load_yaml(p)
     if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a mapping of config keys at the top level")
+        raise ConfigError(f"{p}: expected a mapping of config keys at the top level (got {shown_found(data)})")
     if is_sweep_file(data):
         raise ConfigError(f"{p}: a sweep file (base, grid/zip/variants), not a run config: give it to "
                           "`servesim sweep`, or give this command its base run config")
