@@ -135,16 +135,29 @@ def remove_stale(folder: str | Path, names: list[str]) -> None:
     Raises:
         ConfigError: a file exists but cannot be removed (one line naming it).
     """
+    for name in names:
+        _remove(Path(folder) / name)
+        remove_temporary_files(folder, glob.escape(name))  # of a write that was killed
+
+
+def remove_temporary_files(folder: str | Path, pattern: str) -> None:
+    """Delete the temporary files that killed writes of the files ``pattern`` (a glob) in ``folder`` left
+    (:func:`atomic_file`'s ``.NAME.*.tmp``; a kill that no handler sees leaves them).
+
+    Raises:
+        ConfigError: a file cannot be removed (one line naming it).
+    """
+    for stale in Path(folder).glob(f".{pattern}.*.tmp"):
+        _remove(stale)
+
+
+def _remove(path: Path) -> None:
     from servesim.errors import ConfigError
 
-    for name in names:
-        path = Path(folder) / name
-        # with the temporary files of a write that was killed (atomic_file's ``.NAME.*.tmp``)
-        for stale in [path, *Path(folder).glob(f".{glob.escape(name)}.*.tmp")]:
-            try:
-                stale.unlink(missing_ok=True)
-            except OSError as exc:
-                raise ConfigError(f"{stale}: cannot remove the file of an earlier run ({exc.strerror})") from None
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot remove the file of an earlier run ({exc.strerror})") from None
 
 
 @contextmanager

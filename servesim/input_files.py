@@ -193,6 +193,14 @@ def shown_value(value: Any) -> str:
     return f"{text[:SHOWN_VALUE_CHARS - 3]}... (a {type(value).__name__}{size})"
 
 
+def shown_found(value: Any) -> str:
+    """What an error says was found where a mapping was expected: ``an empty file`` for None (a YAML file
+    with nothing in it), ``a list`` (its items would be noise), else :func:`shown_value`."""
+    if value is None:
+        return "an empty file"
+    return "a list" if isinstance(value, list) else shown_value(value)
+
+
 def format_validation_error(exc: ValidationError, source: str, data: Any = None, key_prefix: str | None = None,
                             model: type[BaseModel] | None = None) -> str:
     """Turn a pydantic ``ValidationError`` into one line naming ``source`` and the first bad field.
@@ -239,7 +247,7 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
         msg = f"unknown {tag} {ctx.get('tag')!r} (expected one of {ctx.get('expected_tags')})"
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         msg = "expected a mapping (key: value pairs)"
-        shown = f" (got {'a list' if isinstance(got, list) else shown_value(got)})"
+        shown = f" (got {shown_found(got)})"
     elif not isinstance(got, (dict, list)) and kind not in BOOL_FOR_NUMBER_ERRORS:
         shown = f" (got {shown_value(got)})"
     more = len(errors) - 1

@@ -76,7 +76,7 @@ def test_cli_exit_codes(capsys):
     assert main(["check-draft", str(DATA / "target"), str(DATA / "draft-padded"),
                  "--max-size-difference", "0"]) == 1
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0] == "size differs by 1"  # the lesson's wording, then both sides (it printed the draft's only)
+    assert lines[0] == "size differs by 1 (target 12, draft 13)"  # the lesson's wording, then both sides (it printed the draft's only)
     assert lines[1].startswith("  target (target): type BPE") and lines[1].endswith(", 12 tokens")
     assert lines[2].startswith("  draft (draft-padded): ") and lines[2].endswith(", 13 tokens") and len(lines) == 3
     assert main(["check-draft", str(DATA / "target"), str(DATA / "draft-padded"), "--check-start-id", "12"]) == 2
@@ -105,6 +105,6 @@ def test_default_start_id_on_a_tiny_vocabulary_still_checks_rules_1_to_6(tmp_pat
     (tmp_path / "t.yaml").write_text(card)
     (tmp_path / "d.yaml").write_text(card.replace("BPE", "SPM"))
     assert main(["check-draft", str(tmp_path / "t.yaml"), str(tmp_path / "d.yaml")]) == 1
-    assert capsys.readouterr().out.splitlines()[0] == "vocab type differs: SPM"
+    assert capsys.readouterr().out.splitlines()[0] == "vocab type differs: SPM (target BPE, draft SPM)"
     assert main(["check-draft", str(tmp_path / "t.yaml"), str(tmp_path / "t.yaml")]) == 0
     assert capsys.readouterr().out.strip() == "compatible"

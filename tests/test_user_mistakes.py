@@ -272,8 +272,49 @@ def test_sweep_checks_the_points_speculative_configs_up_front(tmp_path, capsys):
     sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "variants": variants})
     assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"servesim: error: {sweep} (point ") and err.endswith(f": {BAD_SPEC_ERROR}"), err
+    # the variant by its name (it was named by its overrides, the whole speculative_config)
+    assert err == f"servesim: error: {sweep} (variant 'eagle'): {BAD_SPEC_ERROR}", err
     assert not (tmp_path / "o" / "summary.csv").exists()
+
+
+@pytest.mark.parametrize("base, message", [
+    # '' read the sweep file's folder: "cannot read file (Is a directory)"
+    ("", "{sweep}: base: expected the path of a run config file (relative to the sweep file) or an inline mapping "
+         "of run settings (got '')"),
+    ("runs", "{sweep}: base: {tmp}/runs is a folder (expected a run config file)"),
+    # another sweep file: its missing hardware, model and workload were listed as the mistake
+    ("other.yaml", "{tmp}/other.yaml: a sweep file (base, grid/zip/variants), not a run config: the base of {sweep} "
+                   "must be a run config (hardware, model, workload)"),
+])
+def test_sweep_base_that_is_no_run_config_file_says_what_it_is(tmp_path, capsys, base, message):
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    (tmp_path / "runs").mkdir()
+    write_yaml(tmp_path / "other.yaml", {"base": "c.yaml"})
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": base, "variants": {"a": {}}})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {message.format(sweep=sweep, tmp=tmp_path)}\n"
+    assert not (tmp_path / "o").exists()
+
+
+def test_run_of_a_sweep_file_with_a_base_only_says_it_is_a_sweep_file(tmp_path, capsys):
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml"})
+    assert main(["run", str(sweep), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 2
+    assert capsys.readouterr().err.startswith(f"servesim: error: {sweep}: a sweep file (base, grid/zip/variants), "
+                                              "not a run config")
+
+
+@pytest.mark.parametrize("variants, where", [
+    ({"plain": {}, "small-blocks": {"engine.block_size": 0}}, "variant 'small-blocks', point engine.max_num_seqs=8"),
+    ({}, "point engine.max_num_seqs=8"),
+])
+def test_sweep_names_a_bad_point_by_its_variant_and_swept_values(tmp_path, capsys, variants, where):
+    base = {**SMALL, "engine": {"block_size": 0}} if not variants else SMALL
+    write_yaml(tmp_path / "c.yaml", base)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 16]},
+                                             "variants": variants})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err.startswith(f"servesim: error: {sweep} ({where}): engine.block_size: ")
 
 
 AZURE_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,"
@@ -296,6 +337,51 @@ def test_trace_token_counts_beyond_int32_are_refused(tmp_path, name, body, where
     with pytest.raises(TraceError) as info:
         load_trace(path)
     assert str(info.value) == f"{path}: {where}: expected at most 2147483647 tokens (got {count})"
+
+
+@pytest.mark.parametrize("body, line", [
+    (AZURE_HEADER + "10,5\n2023-11-16 18:15:47.0000000,1\r0,5\n", 3),  # a stray \r in a field
+    (AZURE_HEADER + "10,5\r2023-11-16 18:15:47.0000000,10,5\n", 2),  # an old Mac line end
+    ("TIMESTAMP,Context\rTokens,GeneratedTokens\n2023-11-16 18:15:46.0000000,10,5\n", 1),
+])
+def test_azure_trace_with_a_stray_carriage_return_names_the_line(tmp_path, body, line):
+    # was the csv module's "new-line character seen in unquoted field - do you need to open the file in
+    # universal-newline mode?"
+    from servesim.errors import TraceError
+    from servesim.workload.trace import load_trace
+
+    path = tmp_path / "t.csv"
+    path.write_bytes(body.encode())
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert str(info.value) == (f"{path}: line {line}: a carriage return (\\r) inside the line (expected each line "
+                               "to end in \\n or \\r\\n, with no \\r elsewhere)")
+
+
+MOONCAKE_ROW = '{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
+
+
+@pytest.mark.parametrize("body, hash_ids, message", [
+    # named "row 2" (the data row, not the line: a blank line above it, and a window, shifted it)
+    (MOONCAKE_ROW + "\n" + MOONCAKE_ROW.replace("[0, 1]", '[0, "x"]'), True,
+     "line 3: hash_ids: expected integer ids in 0..2^56-1 (got 'x' as entry 2 of 2)"),
+    (MOONCAKE_ROW + MOONCAKE_ROW.replace("[0, 1]", "[0, 1, -4]"), True,
+     "line 2: hash_ids: expected integer ids in 0..2^56-1 (got -4 as entry 3 of 3)"),
+    # a key twice in one line was read silently, the last value kept
+    (MOONCAKE_ROW.replace('"output_length": 5', '"output_length": 5, "input_length": 700'), False,
+     "line 1: key 'input_length' given twice (expected each key once)"),
+    (MOONCAKE_ROW + MOONCAKE_ROW.replace("[0, 1]", "[0], \"hash_ids\": [1]"), True,
+     "line 2: key 'hash_ids' given twice (expected each key once)"),
+])
+def test_mooncake_trace_mistakes_name_the_file_line(tmp_path, body, hash_ids, message):
+    from servesim.errors import TraceError
+    from servesim.workload.trace import load_trace
+
+    path = tmp_path / "t.jsonl"
+    path.write_text(body)
+    with pytest.raises(TraceError) as info:
+        load_trace(path, prefix_block_ids=hash_ids)
+    assert str(info.value) == f"{path}: {message}"
 
 
 FIXED5 = "prompt_tokens: {type: fixed, value: 5}, output_tokens: {type: fixed, value: 5}"
@@ -525,6 +611,51 @@ def test_validate_names_the_case_of_a_setting_refused_when_wired(tmp_path, capsy
     assert main(["validate", str(path), "--out", str(tmp_path / "o")]) == 2
     last = capsys.readouterr().err.splitlines()[-1]  # after the progress line
     assert last.startswith(f"servesim: error: {path}: cases[0].config: {message}"), last
+
+
+@pytest.mark.parametrize("key, name, text, message", [
+    # an empty card listed its missing fields; a JSON model config named only the file
+    ("hardware", "gpu.yaml", "- h100\n", "expected a mapping of hardware card fields (name, vendor, memory_bytes, "
+                                         "...) at the top level (got a list)"),
+    ("hardware", "gpu.yaml", "", "expected a mapping of hardware card fields (name, vendor, memory_bytes, ...) at "
+                                 "the top level (got an empty file)"),
+    ("model", "m.yml", "llama\n", "expected a mapping of model card fields (name, max_model_len, ...) at the top "
+                                  "level (got 'llama')"),
+    ("model", "config.json", "[1, 2]", "expected a JSON object (a Hugging Face config.json; got a list)"),
+])
+def test_a_card_file_that_is_no_mapping_says_what_was_expected_and_found(tmp_path, capsys, key, name, text, message):
+    (tmp_path / name).write_text(text)
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, key: name})
+    assert err == f"servesim: error: {tmp_path / name}: {message}\n"
+
+
+def test_a_run_config_that_is_no_mapping_says_what_was_found(tmp_path, capsys):
+    (tmp_path / "c.yaml").write_text("- hardware: h100-sxm\n")
+    assert main(["run", str(tmp_path / "c.yaml"), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {tmp_path / 'c.yaml'}: expected a mapping of config keys "
+                                       "at the top level (got a list)\n")
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"measured": {"metric": "output_thruput", "unit": "tok/s", "value": 100}}, "measured.metric"),
+    ({"measured": {"metric": "speedup", "unit": "x", "value": 1.5}, "baseline": {}, "speedup_of": "e2e.mean"},
+     "speedup_of"),
+])
+def test_validate_checks_the_metric_names_before_running_a_case(tmp_path, capsys, change, field):
+    # an unknown metric of the second case was found after the first case had run
+    config = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+              "workload": {"type": "closed_loop", "concurrency": 1, "num_requests": 3,
+                           "prompt_tokens": {"type": "fixed", "value": 10},
+                           "output_tokens": {"type": "fixed", "value": 10}}}
+    case = {"name": "a", "source": "s", "setup": "s", "role": "fit", "tolerance": 0.02, "tolerance_source": "s",
+            "measured": {"metric": "output_throughput", "unit": "tok/s", "value": 100}, "config": config}
+    path = write_yaml(tmp_path / "case.yaml", {"cases": [case, {**case, "name": "b", **change}]})
+    assert main(["validate", str(path), "--out", str(tmp_path / "o")]) == 2
+    metric = change.get("speedup_of") or change["measured"]["metric"]
+    assert capsys.readouterr().err == (f"servesim: error: {path}: cases[1].{field}: unknown summary metric "
+                                       f"{metric!r} (e.g. output_throughput, e2e_s.mean, "
+                                       "spec_decode.mean_acceptance_length)\n")  # no "running a" line before
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("override, message", [

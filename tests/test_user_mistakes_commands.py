@@ -211,6 +211,34 @@ def test_capacity_names_the_replica_limit_it_reached(tmp_path, capsys):
             in capsys.readouterr().out.splitlines())
 
 
+def test_capacity_shows_small_rates_in_significant_digits():
+    # rates below 0.0005 req/s all read "0.000" in the table and the answer ("capacity: 0.000 requests/s")
+    from pathlib import Path
+
+    from servesim.analysis.capacity import CapacitySearch, parse_slo
+    from servesim.cli.capacity import format_result
+
+    from test_capacity import FakeSimulate, poisson_cfg
+
+    search = CapacitySearch(poisson_cfg(2.0), Path("."), [parse_slo("itl_p99=0.000003")], replications=1,
+                            simulate=FakeSimulate())  # itl p99 = 0.01 s x rate: capacity 0.0003 req/s
+    lines = format_result(search.max_rate(), search).splitlines()
+    assert lines[1].split()[:2] == ["0.0002441", "1"] and lines[-3].split()[:2] == ["2", "1"]
+    assert lines[-1] == "capacity: 0.0002975 requests/s (within 5%)"
+
+
+def test_check_draft_names_both_vocabularies_values(tmp_path, capsys):
+    # was "BOS id differs: None" (the lesson's wording names the draft's value only, None for no BOS token)
+    card = 'name: {name}\nvocab_type: BPE\n{bos}eos_id: 1\ntokens: ["<s>", "</s>", "a", "b", "c", "d"]\n'
+    (tmp_path / "t.yaml").write_text(card.format(name="with-bos", bos="bos_id: 0\n"))
+    (tmp_path / "d.yaml").write_text(card.format(name="no-bos", bos=""))
+    assert main(["check-draft", str(tmp_path / "t.yaml"), str(tmp_path / "d.yaml")]) == 1
+    assert capsys.readouterr().out.splitlines() == [
+        "BOS id differs: None (target 0, draft none)",
+        "  target (with-bos): type BPE, BOS id 0, EOS id 1, add BOS unknown, add EOS unknown, 6 tokens",
+        "  draft (no-bos): type BPE, BOS id none, EOS id 1, add BOS unknown, add EOS unknown, 6 tokens"]
+
+
 def test_plot_of_a_run_folder_says_it_holds_a_run(tmp_path, capsys):
     # was "DIR/summary.csv: cannot read the sweep summary (FileNotFoundError); run `servesim sweep` first"
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)

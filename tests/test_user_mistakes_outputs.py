@@ -103,6 +103,24 @@ def test_a_sweep_rerun_that_fails_its_check_removes_the_figures_drawn_from_its_t
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points", "sweep.json"]
 
 
+def test_a_resumed_sweep_removes_the_temporary_files_of_a_killed_one(tmp_path):
+    """A sweep killed while writing (SIGKILL: no handler runs) left atomic_file's .NAME.*.tmp files, which no
+    later run removed."""
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8, 16]}})
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    stored = sorted(p.name for p in (out / "points").iterdir())
+    killed = [".summary.csv.k1x2z9.tmp", ".sweep.json.a8b7c6.tmp", ".failures.csv.zz.tmp", ".speedup.png.q.tmp",
+              ".heatmap_ttft_p99.png.q.tmp", f"points/.{stored[0]}.u3v4w5.tmp"]
+    mine = ["notes.txt", ".notes.txt.ab.tmp", ".cache.tmp", "points/.other.json.x.tmp"]  # the user's own
+    for name in killed + mine:
+        (out / name).write_text("")
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    left = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert left == sorted(mine + ["summary.csv", "sweep.json"] + [f"points/{name}" for name in stored])
+
+
 @pytest.mark.parametrize("command", ["run", "capacity", "tune-k"])
 def test_a_sweep_folder_without_its_tables_is_still_refused_to_other_commands(tmp_path, capsys, command):
     """An interrupted sweep's folder (its manifest and stored runs, no summary.csv yet) took a `servesim run`,

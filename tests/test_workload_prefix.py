@@ -249,7 +249,7 @@ def test_hash_ids_config_and_errors(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n'
                    '{"timestamp": 1, "input_length": 5, "output_length": 1, "hash_ids": ["x"]}\n')
-    with pytest.raises(TraceError, match=r"bad\.jsonl: row 2: hash_ids: expected integer ids") as info:
+    with pytest.raises(TraceError, match=r"bad\.jsonl: line 2: hash_ids: expected integer ids") as info:
         load_trace(bad, prefix_block_ids=True)
     assert "\n" not in str(info.value)
     none = tmp_path / "none.jsonl"

@@ -42,6 +42,7 @@ __all__ = [
     "Vocab",
     "VocabCard",
     "check_compatible",
+    "first_difference",
     "load_vocab",
 ]
 
@@ -73,26 +74,35 @@ class Vocab:
         return len(self.tokens)
 
 
+#: Rules 1-5: the field each compares and its name in the lesson's wording (a flag only when both are known)
+_FIELD_RULES = (("type", "vocab type"), ("add_bos", "add BOS flag"), ("bos_id", "BOS id"),
+                ("add_eos", "add EOS flag"), ("eos_id", "EOS id"))
+
+
 def check_compatible(target: Vocab, draft: Vocab, max_size_difference: int = SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
                      check_start_id: int = SPEC_VOCAB_CHECK_START_TOKEN_ID) -> str:
     """``"compatible"`` or the first failing rule's message (see the module docstring)."""
-    if target.type != draft.type:
-        return f"vocab type differs: {draft.type}"
-    if target.add_bos is not None and draft.add_bos is not None and target.add_bos != draft.add_bos:
-        return f"add BOS flag differs: {draft.add_bos}"
-    if target.bos_id != draft.bos_id:
-        return f"BOS id differs: {draft.bos_id}"
-    if target.add_eos is not None and draft.add_eos is not None and target.add_eos != draft.add_eos:
-        return f"add EOS flag differs: {draft.add_eos}"
-    if target.eos_id != draft.eos_id:
-        return f"EOS id differs: {draft.eos_id}"
+    return first_difference(target, draft, max_size_difference, check_start_id)[0]
+
+
+def first_difference(target: Vocab, draft: Vocab, max_size_difference: int = SPEC_VOCAB_MAX_SIZE_DIFFERENCE,
+                     check_start_id: int = SPEC_VOCAB_CHECK_START_TOKEN_ID) -> tuple[str, str | None]:
+    """The first failing rule's message (``"compatible"`` if none fails) and the :class:`Vocab` attribute it
+    compares (``type``, ``add_bos``, ``bos_id``, ``add_eos``, ``eos_id`` or ``size``; None for a token text,
+    whose message shows both, and for ``compatible``)."""
+    for field, label in _FIELD_RULES:
+        mine, theirs = getattr(target, field), getattr(draft, field)
+        if field.startswith("add_") and (mine is None or theirs is None):
+            continue  # a flag is compared only when both vocabularies give it
+        if mine != theirs:
+            return f"{label} differs: {theirs}", field
     diff = abs(target.size - draft.size)
     if diff > max_size_difference:
-        return f"size differs by {diff}"
+        return f"size differs by {diff}", "size"
     for i in range(check_start_id, min(target.size, draft.size)):
         if target.tokens[i] != draft.tokens[i]:
-            return f"token {i} differs: '{target.tokens[i]}' vs '{draft.tokens[i]}'"
-    return "compatible"
+            return f"token {i} differs: '{target.tokens[i]}' vs '{draft.tokens[i]}'", None
+    return "compatible", None
 
 
 class VocabCard(InputModel):

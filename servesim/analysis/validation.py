@@ -206,7 +206,8 @@ def load_case_file(path: str | Path) -> list[LoadedCase]:
     """Read and validate one case file (top-level keys starting with ``_`` are ignored: YAML anchors).
 
     Raises:
-        ConfigError: unreadable file, invalid YAML, or an invalid field (one line naming file and field).
+        ConfigError: unreadable file, invalid YAML, an invalid field or an unknown summary metric (one line
+            naming file and field).
     """
     from servesim.input_files import load_yaml, validate
 
@@ -219,8 +220,13 @@ def load_case_file(path: str | Path) -> list[LoadedCase]:
         raise ConfigError(f"{p}: a run config (hardware, model, workload), not a validation case file: give it "
                           "to `servesim run`, or to `servesim validate --server` with --vllm-bench RESULT.json")
     parsed = validate(CaseFile, data, str(p))
-    return ([LoadedCase(case=c, file=p, index=i) for i, c in enumerate(parsed.cases)]
-            + [LoadedCase(case=c, file=p, index=i, key="vllm_bench") for i, c in enumerate(parsed.vllm_bench)])
+    cases = [LoadedCase(case=c, file=p, index=i) for i, c in enumerate(parsed.cases)]
+    for lc in cases:  # a metric's name is checked before any case runs
+        if lc.case.measured.metric not in ("speedup", "crossover_qps"):
+            _check_metric_name(lc.case.measured.metric, f"{lc.where}.measured.metric")
+        if lc.case.speedup_of is not None:
+            _check_metric_name(lc.case.speedup_of, f"{lc.where}.speedup_of")
+    return cases + [LoadedCase(case=c, file=p, index=i, key="vllm_bench") for i, c in enumerate(parsed.vllm_bench)]
 
 
 def load_cases(paths: list[str | Path] | None = None, *, fast_only: bool = False) -> list[LoadedCase]:
@@ -265,7 +271,7 @@ def load_cases(paths: list[str | Path] | None = None, *, fast_only: bool = False
 
 
 def _base_config(lc: LoadedCase) -> tuple[dict[str, Any], Path]:
-    from servesim.input_files import load_yaml
+    from servesim.input_files import load_yaml, shown_found
 
     cfg = lc.case.config
     if isinstance(cfg, str):
@@ -274,7 +280,7 @@ def _base_config(lc: LoadedCase) -> tuple[dict[str, Any], Path]:
             path = lc.file.parent / path
         data = load_yaml(path)
         if not isinstance(data, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level (got {shown_found(data)})")
         return data, path.resolve().parent
     return dict(cfg), lc.file.resolve().parent
 
@@ -304,12 +310,25 @@ def summary_value(summary: dict, key: str, source: str) -> float:
     node: Any = summary
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
-            raise ConfigError(f"{source}: unknown summary metric {key!r} (e.g. output_throughput, e2e_s.mean, "
-                              "spec_decode.mean_acceptance_length)")
+            raise _unknown_metric(key, source)
         node = node[part]
     if isinstance(node, bool) or not isinstance(node, (int, float)) or node is None:
         raise ConfigError(f"{source}: summary metric {key!r} holds no number (got {node!r})")
     return float(node)
+
+
+def _check_metric_name(key: str, source: str) -> None:
+    """Refuse a ``key`` that names no summary metric (:func:`~servesim.metrics.summary.is_metric_column`; a
+    part below a group, ``e2e_s.p98``, is known only once a run's summary is there)."""
+    from servesim.metrics.summary import is_metric_column
+
+    if not is_metric_column(key):
+        raise _unknown_metric(key, source)
+
+
+def _unknown_metric(key: str, source: str) -> ConfigError:
+    return ConfigError(f"{source}: unknown summary metric {key!r} (e.g. output_throughput, e2e_s.mean, "
+                       "spec_decode.mean_acceptance_length)")
 
 
 def _speedup(spec: float, plain: float, key: str) -> float:
@@ -392,7 +411,7 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
     """
     from servesim.analysis.bench_replay import METRICS, read_bench_result, result_number, replay_workload
     from servesim.api import simulate
-    from servesim.input_files import load_yaml
+    from servesim.input_files import load_yaml, shown_found
     from servesim.config.models import validate_config
 
     base = case_file.resolve().parent
@@ -413,7 +432,7 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
         path = Path(server) if Path(server).is_absolute() else base / server
         server = load_yaml(path)
         if not isinstance(server, dict):
-            raise ConfigError(f"{path}: expected a mapping of config keys at the top level")
+            raise ConfigError(f"{path}: expected a mapping of config keys at the top level (got {shown_found(server)})")
         folder = path.resolve().parent
         source = str(path)  # a mistake in the server's file (--server) names that file
     with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:

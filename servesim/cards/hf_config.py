@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from servesim.cards.model import ModelCard
-from servesim.input_files import validate
+from servesim.input_files import shown_found, validate
 from servesim.errors import ConfigError
 
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32"}
@@ -55,7 +55,7 @@ def hf_config_to_card_data(cfg: dict[str, Any], source: str, default_name: str) 
         (an unknown dtype or quantisation method, MoE layers interleaved with dense ones).
     """
     if not isinstance(cfg, dict):
-        raise ConfigError(f"{source}: expected a JSON object (a Hugging Face config.json)")
+        raise ConfigError(f"{source}: expected a JSON object (a Hugging Face config.json; got {shown_found(cfg)})")
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
                 "max_position_embeddings"):
         if cfg.get(key) is None:

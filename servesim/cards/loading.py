@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from servesim.cards.hardware import HardwareCard
 from servesim.cards.model import ModelCard
-from servesim.input_files import load_json, load_yaml, validate
+from servesim.input_files import load_json, load_yaml, shown_found, validate
 from servesim.errors import ConfigError
 from servesim.shipped import shipped_dir
 
@@ -70,7 +70,22 @@ def _card_files(kind: Kind, dirs: tuple[Path, ...]) -> dict[str, Path]:
 
 @lru_cache(maxsize=None)
 def _parse_card_file(kind: Kind, path: Path) -> BaseModel:
-    return validate(_KIND_MODEL[kind], load_yaml(path), str(path))
+    return _read_card(kind, _KIND_MODEL[kind], path)
+
+
+def _read_card(kind: Kind, cls: type[C], path: Path) -> C:
+    """Read and validate a card file (YAML, or JSON).
+
+    Raises:
+        ConfigError: unreadable or invalid file, a top level that is not a mapping (an empty file's missing
+            fields would be listed), or a field that fails validation.
+    """
+    data = load_json(path) if path.suffix.lower() == ".json" else load_yaml(path)
+    if not isinstance(data, dict):
+        fields = ", ".join([name for name, f in cls.model_fields.items() if f.is_required()][:3])
+        raise ConfigError(f"{path}: expected a mapping of {_KIND_WORD[kind]} card fields ({fields}, ...) at the top "
+                          f"level (got {shown_found(data)})")
+    return validate(cls, data, str(path))
 
 
 def available_cards(kind: Kind) -> list[str]:
@@ -138,8 +153,7 @@ def _load_path(kind: Kind, cls: type[C], path: Path, source: str | None = None,
         from servesim.cards.hf_config import load_hf_config  # only a Hugging Face config.json needs it
 
         return load_hf_config(path)  # type: ignore[return-value]
-    data = load_json(path) if path.suffix.lower() == ".json" else load_yaml(path)
-    return validate(cls, data, str(path))
+    return _read_card(kind, cls, path)
 
 
 def _load(

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     def progress(ev) -> None:
         if not args.quiet:
             vals = ", ".join(f"{k} {v:.4g} s" for k, v in ev.values.items())
-            print(f"  rate {ev.rate:8.3f} req/s  replicas {ev.replicas:3d}  {vals}  attainment "
+            print(f"  rate {ev.rate:8.4g} req/s  replicas {ev.replicas:3d}  {vals}  attainment "
                   f"{ev.slo_attainment:.3f}  {'pass' if ev.passed else 'FAIL'}", flush=True)
 
     search = CapacitySearch(cfg, folder, slos, replications=args.replications, goodput_share=args.goodput_share,
@@ -122,7 +122,7 @@ def format_result(result, search) -> str:
     lines = [head]
     for ev in sorted(result.evaluations, key=lambda e: (e.replicas, e.rate)):
         vals = " ".join(f"{ev.values[n]:12.4g}" for n in names)
-        lines.append(f"{ev.rate:11.3f} {ev.replicas:8d} {vals} {ev.slo_attainment:7.3f} {'yes' if ev.passed else 'no'}")
+        lines.append(f"{ev.rate:11.4g} {ev.replicas:8d} {vals} {ev.slo_attainment:7.3f} {'yes' if ev.passed else 'no'}")
     targets = ", ".join(f"{s.name} <= {s.target_s:g} s" for s in result.slos)
     share = f", attainment >= {result.goodput_share:g}" if result.goodput_share is not None else ""
     if result.mode == "rate":
@@ -133,10 +133,10 @@ def format_result(result, search) -> str:
             answer = (f"meets the SLOs at every rate up to {result.capacity:.4g} requests/s (the highest rate "
                       f"tried{why}; raise --max-rate to look further)")
         else:
-            answer = f"capacity: {result.capacity:.3f} requests/s"
+            answer = f"capacity: {result.capacity:.4g} requests/s"
             if search.axis.kind == "trace":
-                answer += f" (rate_scale {result.capacity / search.axis.trace_rate:.3f} x trace mean " \
-                          f"{search.axis.trace_rate:.3f} req/s)"
+                answer += f" (rate_scale {result.capacity / search.axis.trace_rate:.4g} x trace mean " \
+                          f"{search.axis.trace_rate:.4g} req/s)"
             answer += f" (within {100 * result.tolerance:g}%)"
     else:
         rate = result.evaluations[0].rate if result.evaluations else float("nan")

@@ -247,6 +247,12 @@ class SimConfig(_Strict):
         return []
 
 
+def is_sweep_file(data: Any) -> bool:
+    """Whether YAML data read as a run config is a sweep file: a ``base`` and none of a run config's
+    ``hardware``, ``model`` and ``workload``."""
+    return isinstance(data, dict) and "base" in data and not {"hardware", "model", "workload"} & set(data)
+
+
 def load_config(
     path: str | Path, overrides: Mapping[str, Any] | Iterable[tuple[str, Any]] | None = None,
     set_keys: Iterable[str] = (),
@@ -267,14 +273,14 @@ def load_config(
     Raises:
         ConfigError: unreadable file, invalid YAML, or a field that fails validation (one line).
     """
-    from servesim.input_files import load_yaml
+    from servesim.input_files import load_yaml, shown_found
     from servesim.config.overrides import set_dotted
 
     p = Path(path)
     data = load_yaml(p)
     if data is not None and not isinstance(data, dict):
-        raise ConfigError(f"{p}: expected a mapping of config keys at the top level")
-    if data and "base" in data and "hardware" not in data and {"grid", "zip", "variants"} & set(data):
+        raise ConfigError(f"{p}: expected a mapping of config keys at the top level (got {shown_found(data)})")
+    if is_sweep_file(data):
         raise ConfigError(f"{p}: a sweep file (base, grid/zip/variants), not a run config: give it to "
                           "`servesim sweep`, or give this command its base run config")
     data = inline_workload_file(data, p.resolve().parent, str(p))

@@ -22,7 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from servesim.atomic import atomic_file, prepare_output_dir, remove_stale, replacing_outputs
+from servesim.atomic import (atomic_file, prepare_output_dir, remove_stale, remove_temporary_files,
+                              replacing_outputs)
 from servesim.errors import ConfigError, OutputFolderRefused, ServesimError
 from servesim.sweep.executors import check_executor, open_executor
 from servesim.sweep.inputs import InputResolver, RunInputs
@@ -200,6 +201,18 @@ def _write_manifest(out_dir: Path, sweep: LoadedSweep) -> None:
         handle.write("\n ]\n}\n")
 
 
+def _remove_temporary_files(out: Path) -> None:
+    """Delete the temporary files that killed writes of a sweep's own files left in ``out`` and ``points/``
+    (:func:`~servesim.atomic.atomic_file`'s ``.NAME.*.tmp``); other files are left alone.
+
+    Raises:
+        ConfigError: one cannot be removed.
+    """
+    for name in ("sweep.json", "failures.csv", *SWEEP_TABLES, *PLOT_FIGURES, "heatmap_*"):
+        remove_temporary_files(out, name)
+    remove_temporary_files(out / "points", "[0-9a-f]" * 12 + "-r*.json")  # point_path's files
+
+
 def _write_failures(out_dir: Path, failures: list[Failure]) -> None:
     path = out_dir / "failures.csv"
     if not failures:
@@ -213,7 +226,8 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
     """Validate every point's run config up front (one point at a time; a tqdm bar on stderr with ``show``).
 
     Raises:
-        ConfigError: one line naming the sweep file, the point's overrides and the bad field.
+        ConfigError: one line naming the sweep file, the point (its variant by name, its swept values) and
+            the bad field.
     """
     from tqdm import tqdm
 
@@ -222,8 +236,11 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
 
     points = iter_points(loaded)
     for point in tqdm(points, total=count_points(loaded), disable=not show, unit="point", desc="check"):
-        overrides = ", ".join(f"{k}={v!r}" for k, v in point.overrides().items()) or "base"
-        validate(SimConfig, point_config(loaded, point), f"{loaded.source} (point {overrides})")
+        # the variant by its name: its overrides (a whole speculative_config) do not say which one it is
+        variant = [f"variant {point.variant!r}"] if loaded.config.variants else []
+        axes = ", ".join(f"{k}={v!r}" for k, v in point.axes.items())
+        where = ", ".join(variant + ([f"point {axes}"] if axes else [])) or "point base"
+        validate(SimConfig, point_config(loaded, point), f"{loaded.source} ({where})")
 
 
 def count_runs(sweep: LoadedSweep) -> tuple[int, int]:
@@ -358,6 +375,7 @@ def run_sweep(
         with replacing_outputs(out, earlier_outputs, before=False), open_executor(executor, jobs) as pool:
             # once the workers are there (a Dask scheduler that cannot be reached leaves nothing behind)
             (out / "points").mkdir(parents=True, exist_ok=True)
+            _remove_temporary_files(out)
             manifest = out / "sweep.json"
             earlier_manifest = manifest.read_bytes() if manifest.is_file() else None
             _write_manifest(out, loaded)

@@ -102,6 +102,14 @@ class SweepConfig(InputModel):
     replications: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)
 
+    @field_validator("base")
+    @classmethod
+    def _base_path(cls, base: str | dict[str, Any]) -> str | dict[str, Any]:
+        if isinstance(base, str) and not base.strip():  # read as the sweep file's folder: "Is a directory"
+            raise _invalid("expected the path of a run config file (relative to the sweep file) or an inline "
+                           "mapping of run settings")
+        return base
+
     @field_validator("grid")
     @classmethod
     def _grid_lists(cls, grid: dict[str, list[Any]]) -> dict[str, list[Any]]:
@@ -271,15 +279,20 @@ def resolve_sweep(config: SweepConfig, folder: str | Path, source: str) -> Loade
     """Read the base run config of ``config``, relative paths resolving against ``folder``.
 
     Raises:
-        ConfigError: the base file (or a workload file it names) is missing or invalid YAML, or is not a
-            mapping.
+        ConfigError: the base file (or a workload file it names) is missing or invalid YAML, is a folder, a
+            sweep file or not a mapping.
     """
-    from servesim.config.models import inline_workload_file
+    from servesim.config.models import inline_workload_file, is_sweep_file
 
     folder = Path(folder).resolve()
     if isinstance(config.base, str):
         base_path = (folder / config.base).resolve()
+        if base_path.is_dir():
+            raise ConfigError(f"{source}: base: {base_path} is a folder (expected a run config file)")
         base = load_yaml(base_path)
+        if is_sweep_file(base):  # its missing hardware, model and workload would be listed as the mistake
+            raise ConfigError(f"{base_path}: a sweep file (base, grid/zip/variants), not a run config: the base "
+                              f"of {source} must be a run config (hardware, model, workload)")
         if not isinstance(base, dict):
             raise ConfigError(f"{base_path}: expected a mapping of run settings (base of {source})")
         return LoadedSweep(config, inline_workload_file(base, base_path.parent, str(base_path)), base_path.parent,

@@ -130,7 +130,7 @@ def _parse_checked(p: Path, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
     try:
         columns = [c.strip() for c in next(reader)]
     except csv.Error as exc:
-        raise TraceError(f"{p}: line 1: cannot read the CSV header ({exc})") from None
+        raise _csv_error(p, 1, lines, f"cannot read the CSV header ({exc})") from None
     for name in AZURE_COLUMNS:
         if name not in columns:
             got = ",".join(columns)
@@ -178,7 +178,7 @@ def _parse_checked(p: Path, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
             times.append(t)
             prev_str = s
     except csv.Error as exc:
-        raise TraceError(f"{p}: line {reader.line_num}: malformed CSV ({exc})") from None
+        raise _csv_error(p, reader.line_num, lines, f"malformed CSV ({exc})") from None
     if not times:
         raise TraceError(f"{p}: no data rows after the header (expected at least one request)")
     return (
@@ -186,6 +186,15 @@ def _parse_checked(p: Path, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
         np.array(prompts, dtype=np.int64),
         np.array(outputs, dtype=np.int64),
     )
+
+
+def _csv_error(p: Path, line: int, lines: list[str], message: str) -> TraceError:
+    """The error for a line the ``csv`` module refused; a carriage return inside it is said in servesim's words
+    (the module's "new-line character seen in unquoted field" speaks of its own options)."""
+    if "\r" in lines[line - 1]:
+        message = ("a carriage return (\\r) inside the line (expected each line to end in \\n or \\r\\n, "
+                   "with no \\r elsewhere)")
+    return TraceError(f"{p}: line {line}: {message}")
 
 
 def _token_count(p: Path, line: int, column: str, s: str) -> int:

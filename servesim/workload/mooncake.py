@@ -36,12 +36,30 @@ from typing import Any
 import numpy as np
 
 from servesim.errors import TraceError
+from servesim.workload.content import MAX_CONTENT_INDEX
 from servesim.workload.rawtrace import MAX_TOKEN_COUNT, RawTrace, read_trace_text, too_many_tokens
 
 MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens covered by one Mooncake ``hash_ids`` entry (Qin et al., FAST 2025, trace README)."""
 _HASH_IDS = re.compile(r'"hash_ids"\s*:\s*\[[^\]]*\]')
+
+
+class _DuplicateKey(ValueError):
+    """A JSON object names a key twice (``json.loads`` would silently keep the last value)."""
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    row = dict(pairs)
+    if len(row) != len(pairs):
+        keys = [key for key, _ in pairs]
+        raise _DuplicateKey(next(key for key in keys if keys.count(key) > 1))
+    return row
+
+
+def _bad_hash_id(ids: list) -> int | None:
+    """The index of the first entry of a row's ``hash_ids`` that is not an integer in ``0..MAX_CONTENT_INDEX``."""
+    return next((i for i, h in enumerate(ids) if not (type(h) is int and 0 <= h <= MAX_CONTENT_INDEX)), None)
 
 
 def read_mooncake_jsonl(path: str | Path, prefix_block_ids: bool = False) -> RawTrace:
@@ -58,8 +76,8 @@ def read_mooncake_jsonl(path: str | Path, prefix_block_ids: bool = False) -> Raw
 
     Raises:
         TraceError: one line naming the file and line: empty file, invalid JSON, not an object, missing key,
-            non-numeric timestamp, non-integer or negative length, ``hash_ids`` not a list, timestamps not
-            sorted.
+            non-numeric timestamp, non-integer or negative length, ``hash_ids`` not a list (or, when they are
+            kept, an id not an integer in ``0..2^56-1``), a key given twice, timestamps not sorted.
     """
     p = Path(path)
     text = read_trace_text(p)
@@ -79,8 +97,8 @@ def _parse_fast(
     if not lines:
         return None
     try:
-        rows = json.loads("[" + ",".join(lines) + "]")
-    except ValueError:
+        rows = json.loads("[" + ",".join(lines) + "]", object_pairs_hook=_unique_keys)
+    except ValueError:  # invalid JSON or a key given twice: the checked pass names the line
         return None
     if len(rows) != len(lines) or not all(type(r) is dict for r in rows):
         return None
@@ -98,6 +116,8 @@ def _parse_fast(
     if keep_ids:
         hs = [r.get("hash_ids") for r in rows]
         if all(type(h) is list for h in hs):
+            if any(_bad_hash_id(h) is not None for h in hs):
+                return None
             ids = hs
         elif any(h is not None and type(h) is not list for h in hs):
             return None
@@ -128,7 +148,9 @@ def _parse_checked(
         if not line.strip():
             continue
         try:
-            row: Any = json.loads(line)
+            row: Any = json.loads(line, object_pairs_hook=_unique_keys)
+        except _DuplicateKey as exc:
+            raise TraceError(f"{p}: line {n}: key {exc.args[0]!r} given twice (expected each key once)") from None
         except ValueError as exc:
             raise TraceError(f"{p}: line {n}: expected one JSON object per line ({exc.args[0]})") from None
         if type(row) is not dict:
@@ -158,6 +180,9 @@ def _parse_checked(
                 ids = None
             elif type(h) is not list:
                 raise TraceError(f"{p}: line {n}: hash_ids: expected a list of block ids (got {h!r})")
+            elif (bad := _bad_hash_id(h)) is not None:
+                raise TraceError(f"{p}: line {n}: hash_ids: expected integer ids in 0..2^56-1 (got {h[bad]!r} "
+                                 f"as entry {bad + 1} of {len(h)})")
             else:
                 ids.append(h)
     return (
@@ -168,26 +193,17 @@ def _parse_checked(
     )
 
 
-def hash_id_arrays(path: str | Path, hash_ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows' ``hash_ids`` as CSR arrays.
+def hash_id_arrays(hash_ids: list[list[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows' ``hash_ids`` as CSR arrays (the ids were checked by :func:`read_mooncake_jsonl`).
 
     Args:
-        path: the trace file (for messages).
         hash_ids: one list of ids per row.
 
     Returns:
         (offsets int64 ``(N + 1,)``, ids int64 ``(total,)``): row ``i``'s ids are
         ``ids[offsets[i]:offsets[i + 1]]``.
-
-    Raises:
-        TraceError: an id that is not an integer in ``0..2^56 - 1`` (one line naming the file and the row).
     """
     counts = np.fromiter(map(len, hash_ids), dtype=np.int64, count=len(hash_ids))
     offsets = np.zeros(len(hash_ids) + 1, dtype=np.int64)
     np.cumsum(counts, out=offsets[1:])
-    flat = [h for row in hash_ids for h in row]
-    limit = (1 << 56) - 1
-    if not all(type(h) is int and 0 <= h <= limit for h in flat):
-        row, bad = next((r, h) for r, hs in enumerate(hash_ids, 1) for h in hs if not (type(h) is int and 0 <= h <= limit))
-        raise TraceError(f"{path}: row {row}: hash_ids: expected integer ids in 0..2^56-1 (got {bad!r})")
-    return offsets, np.array(flat, dtype=np.int64)
+    return offsets, np.array([h for row in hash_ids for h in row], dtype=np.int64)

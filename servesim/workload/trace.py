@@ -221,7 +221,7 @@ def load_trace(
         from servesim.workload.content import SequenceContent
         from servesim.workload.mooncake import MOONCAKE_BLOCK_TOKENS, hash_id_arrays
 
-        offsets, flat = hash_id_arrays(path, ids)
+        offsets, flat = hash_id_arrays(ids)
         content = SequenceContent.from_trace_blocks(offsets, flat, MOONCAKE_BLOCK_TOKENS, prompt, output)
     return Workload(
         arrival_s=arrival_s,
