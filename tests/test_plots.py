@@ -104,6 +104,23 @@ def test_plot_of_a_comparison_without_speculation_says_below_the_baseline(tmp_pa
     assert "rate (sessions/s)" in svg and "requests/s" not in svg  # the manifest's unit, not the key's
 
 
+def test_plot_against_a_swept_column_of_text_is_refused_before_any_figure_is_touched(tmp_path, capsys):
+    from servesim.cli import main
+
+    sweep = tmp_path / "sweep"
+    write_sweep_dir(sweep)
+    summary = pd.read_csv(sweep / "summary.csv")
+    summary["max_num_seqs"] = summary["max_num_seqs"].map({32: "small", 256: "large"})  # as a router's names
+    summary.to_csv(sweep / "summary.csv", index=False)
+    assert main(["plot", str(sweep)]) == 0
+    drawn = {p.name: p.read_bytes() for p in sweep.iterdir() if p.suffix in (".png", ".svg")}
+    assert main(["plot", str(sweep), "--x", "max_num_seqs"]) == 2
+    err = capsys.readouterr().err
+    assert "--x: the swept column 'max_num_seqs' holds text ('small', ...)" in err and "Traceback" not in err
+    assert "numeric swept column (rate)" in err
+    assert {p.name: p.read_bytes() for p in sweep.iterdir() if p.suffix in (".png", ".svg")} == drawn
+
+
 def test_plot_command_writes_figures_with_their_data(tmp_path, capsys):
     from servesim.cli import main
 

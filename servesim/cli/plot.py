@@ -126,6 +126,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--x: expected one of {', '.join(THROUGHPUT_AXES)} or a swept column (got {args.x!r})")
     if summary.empty:
         raise ConfigError(f"{args.dir / 'summary.csv'}: no finished runs to plot")
+    if args.x in columns and not _numeric(summary, args.x):
+        numeric = [c for c in columns if _numeric(summary, c)]
+        raise ConfigError(f"--x: the swept column {args.x!r} holds text ({_first_text(summary, args.x)!r}, ...), "
+                          "and the x axis needs numbers: give a throughput (" + ", ".join(THROUGHPUT_AXES)
+                          + ") or a numeric swept column" + (f" ({', '.join(numeric)})" if numeric else "")
+                          + f", with --along {args.x} to draw one curve point per value")
     for h in heatmaps:  # every check before the first figure is written
         heatmap_columns(summary, h["x"], h["y"], h["metric"])
     if args.out is not None and Path(args.out).resolve() != Path(args.dir).resolve():
@@ -145,7 +151,11 @@ def run(args: argparse.Namespace) -> int:
         plot_latency_curves(summary, along, args.x, group_cols, path, slos, labels)
         written.append(path)
         if speedup is not None and not speedup.empty:
-            sp_along = along if along in speedup.columns else next((c for c in columns if c in speedup.columns), None)
+            # the speedup's x axis: --along, else the first swept column of speedup.csv, if it holds numbers
+            candidates = [along] + [c for c in columns if c != along]
+            sp_along = next((c for c in candidates if c in speedup.columns and _numeric(speedup, c)), None)
+            if sp_along is None:
+                print("no speedup figure: no swept column of speedup.csv holds numbers to draw it against")
             if sp_along is not None:
                 path = Path(out) / "speedup.png"
                 # plain_/spec_ columns: the sweep found a speculative comparison when it wrote the table
@@ -185,3 +195,18 @@ def run(args: argparse.Namespace) -> int:
     for p in written:
         print(f"wrote {p} (+ .svg, .csv)")
     return 0
+
+
+def _numeric(frame, column: str) -> bool:
+    """Whether every value given in ``frame[column]`` reads as a number (a figure's axis can show it)."""
+    import pandas as pd
+
+    values = frame[column].dropna()
+    return bool(len(values)) and bool(pd.to_numeric(values, errors="coerce").notna().all())
+
+
+def _first_text(frame, column: str) -> str:
+    import pandas as pd
+
+    values = frame[column].dropna()
+    return str(values[pd.to_numeric(values, errors="coerce").isna()].iloc[0])
