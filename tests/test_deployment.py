@@ -126,15 +126,25 @@ def test_least_outstanding_counts_a_finish_at_the_arrival_instant():
 
 
 def test_router_runs_before_replicas_at_the_same_instant():
-    # shortest_queue, max_num_seqs = 1, flat 10 ms steps. A (t=0) and B (5 ms) -> replica 0 (ties go to the
-    # lowest index); B waits behind A until A finishes at 30 ms. C arrives at exactly 30 ms: the router runs
-    # BEFORE replica 0 admits B at that instant, sees one waiting request there, and sends C to replica 1.
-    wl = Workload(arrival_s=[0.0, 0.005, 0.030], prompt_tokens=[10, 10, 10], output_tokens=[3, 3, 3])
+    # shortest_queue, max_num_seqs = 1, flat 10 ms steps, 3 tokens each (30 ms a request). A (t=0) -> replica 0
+    # (all tie); B (1 ms): both queues empty, unfinished 1 vs 0 -> replica 1; C (2 ms): queues empty, unfinished
+    # 1 and 1 -> replica 0 (lowest index), where it waits behind A until A finishes at 30 ms. D arrives at
+    # exactly 30 ms: the router runs BEFORE replica 0 admits C at that instant, sees C waiting there and an
+    # empty queue on replica 1, and sends D to replica 1 (had replica 0 stepped first, both queues would be
+    # empty and both replicas hold one unfinished request: D would go to replica 0).
+    wl = Workload(arrival_s=[0.0, 0.001, 0.002, 0.030], prompt_tokens=[10] * 4, output_tokens=[3] * 4)
     dep = run(wl, 2, "shortest_queue", step_time=flat_step_model(0.01), max_num_seqs=1)
-    np.testing.assert_array_equal(dep.assignment, [0, 0, 1])
+    np.testing.assert_array_equal(dep.assignment, [0, 1, 0, 1])
     req = dep.output().requests
-    np.testing.assert_array_equal(req.first_scheduled_s, [0.0, 0.03, 0.03])
-    np.testing.assert_array_equal(req.finish_s, [0.03, 0.06, 0.06])
+    np.testing.assert_allclose(req.first_scheduled_s, [0.0, 0.001, 0.03, 0.031], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(req.finish_s, [0.03, 0.031, 0.06, 0.061], rtol=0, atol=1e-12)
+
+
+def test_shortest_queue_breaks_ties_by_fewest_unfinished_requests():
+    # below saturation every waiting queue is empty: the requests spread as least_outstanding spreads them
+    # (the lowest index alone had sent nearly all of them to replica 0)
+    wl = poisson_workload(5, 400, 20.0)
+    assert np.bincount(run(wl, 4, "shortest_queue").assignment, minlength=4).min() >= 90  # 100 each if even
 
 
 def test_urgent_timeout_precedes_normal_events_of_the_same_time():

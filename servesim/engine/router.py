@@ -1,13 +1,14 @@
 """The router of a multi-replica deployment: it assigns every request to a replica at its arrival instant.
 
-Policies (``deployment.router``), ties always to the lowest replica index:
+Policies (``deployment.router``), remaining ties to the lowest replica index:
 
 * ``round_robin``: the k-th request routed (k = 0, 1, ... in arrival order) goes to replica ``k mod R``.
 * ``least_outstanding``: fewest unfinished requests, ``assigned - finished``, where a request counts as
   finished at the arrival instant ``t`` when its finish time is ``<= t``.
 * ``shortest_queue``: fewest waiting requests: the replica's waiting queue as its current step scheduled
   it (preempted requests included, as vLLM's ``num_requests_waiting``) plus the requests routed to it
-  that it has not pulled yet (it pulls them at its next step boundary).
+  that it has not pulled yet (it pulls them at its next step boundary); among equal queues (below
+  saturation every queue is empty), fewest unfinished requests, as ``least_outstanding``.
 * ``prefix_aware``: the highest weighted sum of a prefix-cache score and two load scores, as llm-d's
   inference scheduler (its endpoint picker) scores pods; see :class:`PrefixAwareRouting` and
   :class:`ApproxPrefixIndex`.
@@ -277,7 +278,14 @@ class Router:
         if self.policy == "least_outstanding":
             return _lowest(self._outstanding(t_ps))
         if self.policy == "shortest_queue":
-            return _lowest(self._queue_lengths())
+            queues = self._queue_lengths()
+            shortest = min(queues)
+            if queues.count(shortest) == 1:
+                return queues.index(shortest)
+            # ties (below saturation every queue is empty) go to the fewest unfinished requests, then the
+            # lowest index: the lowest index alone sent nearly every request to replica 0
+            outstanding = self._outstanding(t_ps)
+            return min((j for j in range(self.num_replicas) if queues[j] == shortest), key=outstanding.__getitem__)
         return self._choose_prefix_aware(request, t_ps)
 
     def _outstanding(self, t_ps: int) -> list[int]:
