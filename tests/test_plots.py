@@ -99,9 +99,28 @@ def test_plot_of_a_comparison_without_speculation_says_below_the_baseline(tmp_pa
     assert main(["plot", str(sweep)]) == 0
     out = capsys.readouterr().out
     assert "throughput below rr's above rate = 12.5" in out and "speculation" not in out
+    assert "agree within" not in out  # the ratios differ by up to 40%
     svg = (sweep / "speedup.svg").read_text()
     assert "relative to rr" in svg and "Speculative" not in svg
     assert "rate (sessions/s)" in svg and "requests/s" not in svg  # the manifest's unit, not the key's
+
+
+def test_plot_says_when_every_throughput_ratio_is_within_one_percent(tmp_path, capsys):
+    # open-loop arrivals below saturation: the throughput is the offered load, whatever the variant
+    from servesim.cli import main
+
+    sweep = tmp_path / "sweep"
+    write_sweep_dir(sweep, speedup=False)
+    pd.DataFrame({"rate": [5, 10, 20], "max_num_seqs": [32] * 3, "plain_output_throughput": [1.0] * 3,
+                  "spec_output_throughput": [1.0003, 0.9991, 1.0099],
+                  "speedup": [1.0003, 0.9991, 1.0099]}).to_csv(sweep / "speedup.csv", index=False)
+    assert main(["plot", str(sweep)]) == 0
+    assert "note: the output throughputs agree within 1% everywhere" in capsys.readouterr().out
+    pd.DataFrame({"rate": [5, 10], "max_num_seqs": [32] * 2, "plain_output_throughput": [1.0] * 2,
+                  "spec_output_throughput": [1.0, 1.0101], "speedup": [1.0, 1.0101]}).to_csv(sweep / "speedup.csv",
+                                                                                          index=False)
+    assert main(["plot", str(sweep)]) == 0
+    assert "agree within" not in capsys.readouterr().out
 
 
 def test_plot_against_a_swept_column_of_text_is_refused_before_any_figure_is_touched(tmp_path, capsys):

@@ -22,6 +22,11 @@ from pathlib import Path
 from typing import Any
 
 
+#: Relative difference of output throughputs below which ``plot`` says the speedup figure shows no
+#: difference of the variants' throughput (what open-loop arrivals below saturation give).
+SAME_THROUGHPUT = 0.01
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``plot`` options to ``parser``."""
     parser.add_argument("dir", type=Path, metavar="DIR", help="sweep output folder (summary.csv, sweep.json)")
@@ -171,6 +176,12 @@ def run(args: argparse.Namespace) -> int:
                     value = float(g["crossover"].iloc[0])
                     print(f"{group}: " + (f"{hurts} above {sp_along} = {value:.4g}" if value == value
                                           else f"{never} in the range"))
+                ratios = table["speedup"].dropna()
+                if len(ratios) and (ratios - 1).abs().max() < SAME_THROUGHPUT:
+                    print(f"note: the output throughputs agree within {SAME_THROUGHPUT:.0%} everywhere: under "
+                          "open-loop arrivals (a rate, a trace) below saturation the throughput is the offered "
+                          "load whatever the variant; compare latencies (latency_vs_throughput.png: TTFT, TPOT) "
+                          "or sweep a closed loop (workload.concurrency)")
         from servesim.plots.acceptance import acceptance_table, plot_acceptance
 
         accept = acceptance_table(summary, ["variant"] if summary["variant"].nunique() > 1 else [])
