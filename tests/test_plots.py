@@ -57,6 +57,22 @@ def test_curve_table_means_and_bands():
     assert len(table) == 2 * 3 * 2
 
 
+def test_curves_of_a_large_sweep_keep_distinct_styles_and_single_runs_claim_no_bands(tmp_path):
+    from servesim.plots.curves import CURVE_MARKERS, curve_styles, plot_latency_curves
+
+    colors = [f"C{i}" for i in range(10)]
+    groups = [f"g{i}" for i in range(10 * len(CURVE_MARKERS))]
+    styles = curve_styles(groups, colors)
+    assert len(set(styles.values())) == len(groups)  # colours repeat after 10 groups, markers tell them apart
+    assert styles["g0"] == ("C0", "o") and styles["g10"] == ("C0", "s")
+    one_run = summary_frame()[summary_frame()["replication"] == 0]
+    plot_latency_curves(one_run, "rate", "output_throughput", ["max_num_seqs"], tmp_path / "c.png")
+    svg = (tmp_path / "c.svg").read_text()
+    assert "p50 (solid) and p99 (dashed)" in svg and "bands" not in svg  # one run per point: no band drawn
+    plot_latency_curves(summary_frame(), "rate", "output_throughput", ["max_num_seqs"], tmp_path / "d.png")
+    assert "bands: 95% CI over replications" in (tmp_path / "d.svg").read_text()
+
+
 def test_heatmap_table_and_parse():
     assert parse_heatmap("x=rate,y=max_num_seqs,metric=ttft_s.p99") == {"x": "rate", "y": "max_num_seqs",
                                                                         "metric": "ttft_s.p99"}

@@ -38,6 +38,11 @@ def axis_labels(columns: dict[str, str], units: dict[str, str] | None = None) ->
     return {col: f"{col} ({units[col]})" if col in units else col for col in columns.values()}
 
 
+#: Markers of the curves, one per round of the colour cycle (curve i: colour i mod C, marker i // C).
+CURVE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+#: The p99 curves' line style: dashes long enough to tell from the solid p50 in the legend.
+P99_DASHES = (0, (5, 2.5))
+
 #: Latency panels: (summary column prefix, title).
 PANELS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"))
 
@@ -127,6 +132,13 @@ def curve_table(summary: pd.DataFrame, along: str, x: str, group_cols: list[str]
     return table
 
 
+def curve_styles(groups: list[str], colors: list[str]) -> dict[str, tuple[str, str]]:
+    """Group -> (colour, marker) of its curves: colour ``i mod C``, marker ``i // C`` of :data:`CURVE_MARKERS`
+    (``C`` colours): distinct pairs for up to ``C * len(CURVE_MARKERS)`` groups."""
+    return {group: (colors[i % len(colors)], CURVE_MARKERS[(i // len(colors)) % len(CURVE_MARKERS)])
+            for i, group in enumerate(groups)}
+
+
 def plot_latency_curves(summary: pd.DataFrame, along: str, x: str, group_cols: list[str], out_png: Path,
                         slos: dict[str, float] | None = None, labels: dict[str, str] | None = None) -> pd.DataFrame:
     """``latency_vs_throughput.png/.svg/.csv``: p50 (solid) and p99 (dashed) TTFT and TPOT (ms) against ``x``.
@@ -152,31 +164,49 @@ def plot_latency_curves(summary: pd.DataFrame, along: str, x: str, group_cols: l
     metrics = [f"{p}.{s}" for p, _ in PANELS for s in ("p50", "p99")]
     table = curve_table(summary, along, x, group_cols, metrics)
     plt = pyplot()
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from matplotlib.lines import Line2D
+
     groups = list(dict.fromkeys(table["group"])) if not table.empty else []
+    # one legend below both panels: a line per curve (colour and marker: distinct for up to 80 curves),
+    # then what solid and dashed mean; it grows downwards instead of covering the curves
+    label_width = 0.7 + 0.06 * max([len(g) for g in groups] + [3])  # inches a legend column takes (7 pt)
+    columns = max(1, min(4, len(groups), int(10.5 // label_width)))
+    legend_rows = -(-(len(groups) + 2) // columns)
+    legend_height = 0.2 + 0.17 * legend_rows  # inches
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.3 + legend_height))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles = curve_styles(groups, colors)
+    bands = bool(len(table)) and table["n"].max() > 1
     for ax, (prefix, title) in zip(axes, PANELS):
-        for gi, group in enumerate(groups):
-            c = colors[gi % len(colors)]
-            for stat, style in (("p50", "-"), ("p99", "--")):
+        for group in groups:
+            c, marker = styles[group]
+            for stat, style in (("p50", "-"), ("p99", P99_DASHES)):
                 d = table[(table["group"] == group) & (table["metric"] == f"{prefix}.{stat}")]
                 if d.empty:
                     continue
                 d = d.sort_values(along, key=lambda v: pd.to_numeric(v, errors="coerce"), kind="stable")
                 xs = d["x"].to_numpy(dtype=float)
-                ax.plot(xs, d["mean"] * 1e3, style, marker="o", ms=3, color=c, label=f"{group} {stat}")
+                ax.plot(xs, d["mean"] * 1e3, linestyle=style, marker=marker, ms=3.5, color=c)
                 if d["n"].max() > 1:
                     ax.fill_between(xs, d["ci_low"] * 1e3, d["ci_high"] * 1e3, color=c, alpha=0.15, linewidth=0)
+        slo_lines = False
         for name, target in (slos or {}).items():
             if name.startswith(prefix.split("_")[0] + "_"):
                 ax.axhline(target * 1e3, color="black", linestyle=":", linewidth=1.2, label=f"SLO {name} {target:g} s")
-        ax.set_title(f"{title} p50 (solid) and p99 (dashed); bands: 95% CI over replications")
+                slo_lines = True
+        ax.set_title(f"{title} p50 (solid) and p99 (dashed)" + ("; bands: 95% CI over replications" if bands else ""))
         ax.set_xlabel(THROUGHPUT_AXES.get(x) or (labels or {}).get(x, x))
         ax.set_ylabel(f"{title} (ms)")
         ax.set_yscale("log")
         plain_log_ticks(ax.yaxis)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
+        if slo_lines:
+            ax.legend(fontsize=7)
+    handles = [Line2D([], [], color=styles[g][0], marker=styles[g][1], ms=3.5, label=g) for g in groups]
+    handles += [Line2D([], [], color="0.35", linestyle="-", label="p50"),
+                Line2D([], [], color="0.35", linestyle=P99_DASHES, label="p99")]
+    fig.legend(handles=handles, loc="lower center", ncol=columns, fontsize=7, frameon=False,
+               handlelength=3.5)
+    fig.tight_layout(rect=(0, legend_height / (4.3 + legend_height), 1, 1))
     out_png = Path(out_png)
     save_png_svg(fig, out_png)
     _write_csv(table, out_png.with_suffix(".csv"))
@@ -263,7 +293,12 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
     else:
         ax.set_ylabel(f"output tokens/s, variant / {baseline}")
         ax.set_title(f"Output throughput relative to {baseline}")
-    ax.legend(fontsize=7)
+    num_lines = sum(not line.get_label().startswith("_") for line in ax.get_lines())  # the curves
+    if num_lines > 3:  # below the axes, growing downwards, instead of over the curves
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), frameon=False)
+        fig.set_figheight(4.3 + 0.17 * num_lines)
+    else:
+        ax.legend(fontsize=7)
     fig.tight_layout()
     out_png = Path(out_png)
     save_png_svg(fig, out_png)
