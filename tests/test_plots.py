@@ -73,6 +73,16 @@ def test_curves_of_a_large_sweep_keep_distinct_styles_and_single_runs_claim_no_b
     assert "bands: 95% CI over replications" in (tmp_path / "d.svg").read_text()
 
 
+def test_heatmap_panel_titles_wrap_at_their_separators():
+    from servesim.plots.heatmap import wrap_at_commas
+
+    title = "hardware=h100-sxm, engine.max_num_batched_tokens=8192, variant=plain"
+    assert wrap_at_commas(title, 45) == "hardware=h100-sxm,\nengine.max_num_batched_tokens=8192,\nvariant=plain"
+    assert wrap_at_commas(title, 80) == title
+    assert wrap_at_commas("a=1, b=2, c=3", 8) == "a=1, b=2,\nc=3"  # 8 characters fit exactly
+    assert wrap_at_commas("x" * 50 + ", y=1", 45) == "x" * 50 + ",\ny=1"  # a long part keeps its own line
+
+
 def test_heatmap_table_and_parse():
     assert parse_heatmap("x=rate,y=max_num_seqs,metric=ttft_s.p99") == {"x": "rate", "y": "max_num_seqs",
                                                                         "metric": "ttft_s.p99"}

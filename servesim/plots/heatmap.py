@@ -15,6 +15,21 @@ import pandas as pd
 
 from servesim.errors import ConfigError
 
+#: Characters of a panel title's line (a 5.2-inch panel at 9 pt) before it wraps.
+PANEL_TITLE_CHARS = 45
+
+
+def wrap_at_commas(text: str, width: int) -> str:
+    """``text`` broken into lines of at most ``width`` characters at its ``", "`` separators (a part longer
+    than ``width`` keeps a line of its own)."""
+    lines: list[str] = []
+    for part in text.split(", "):
+        if lines and len(lines[-1]) + 2 + len(part) <= width:
+            lines[-1] += ", " + part
+        else:
+            lines.append(part)
+    return ",\n".join(lines)
+
 
 def parse_heatmap(text: str) -> dict[str, str]:
     """Parse ``x=KEY,y=KEY,metric=COL`` into ``{"x", "y", "metric"}``.
@@ -102,7 +117,7 @@ def plot_heatmap(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols:
     plt = pyplot()
     ncols = min(3, len(panels))
     nrows = -(-len(panels) // ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows), squeeze=False)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(5.2 * ncols, 4.2 * nrows), squeeze=False, layout="constrained")
     xs, ys = _sorted_levels(table[x]), _sorted_levels(table[y])
     finite = table["mean"].to_numpy(dtype=float)
     finite = finite[np.isfinite(finite)]
@@ -124,7 +139,9 @@ def plot_heatmap(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols:
         ax.set_yticks(range(len(ys)), [str(v) for v in ys])
         ax.set_xlabel((labels or {}).get(x, x))
         ax.set_ylabel((labels or {}).get(y, y))
-        ax.set_title(panel if len(panels) > 1 else f"{metric} (mean over replications)")
+        # a long panel name wraps at its ", " separators to the panel's width (it ran into the next title)
+        title = panel if len(panels) > 1 else f"{metric} (mean over replications)"
+        ax.set_title(wrap_at_commas(title, PANEL_TITLE_CHARS), fontsize=9)
         ax.grid(False)
     for ax in axes.ravel()[len(panels):]:
         ax.set_visible(False)
