@@ -53,7 +53,11 @@ def test_request_at_the_peak_is_served_in_both_modes(spec, prompt, output, block
         assert (result.output.steps.kv_blocks_used <= blocks).all()
 
 
-@pytest.mark.parametrize("spec, prompt, output, blocks", CASES[:3])
+# one slot past a block boundary: 900 + 122 - 1 + 4 = 1025 slots = 65 blocks (a peak one slot lower would fit 64)
+PAST_BOUNDARY = ({"method": "ngram", "num_speculative_tokens": 4}, 900, 122, 65)
+
+
+@pytest.mark.parametrize("spec, prompt, output, blocks", CASES[:3] + [PAST_BOUNDARY])
 def test_one_block_short_is_refused_before_the_run(spec, prompt, output, blocks):
     with pytest.raises(ConfigError) as err:
         simulate(config(spec, prompt, output, blocks - 1))
