@@ -408,6 +408,37 @@ def test_clipped_lognormal_moments_match_the_exact_discrete_distribution():
     check_sample_moments(d)
 
 
+
+def test_narrow_lognormal_variance_counts_the_rounding():
+    # median 40, sigma 0.03: the continuous variance is about 1.44 tokens^2, and rounding to integers adds
+    # Sheppard's 1/12 (5.8% here). The exact discrete variance, summed over P(rint X = k) = F(k + 1/2) -
+    # F(k - 1/2), agrees with mean() and variance() to 1e-9 (the density is smooth on the scale of a token)
+    d = LognormalLengthConfig(type="lognormal", median=40, sigma=0.03).build()
+    cdf = lambda v: 0.5 * math.erfc(-(math.log(v) - d.mu) / (d.sigma * math.sqrt(2)))  # noqa: E731
+    ks = np.arange(1, 200)
+    p = np.array([cdf(k + 0.5) - (cdf(k - 0.5) if k > 1 else 0.0) for k in ks])
+    mean = float((ks * p).sum())
+    var = float((ks**2 * p).sum()) - mean**2
+    assert d.mean() == pytest.approx(mean, rel=1e-9)
+    assert d.variance() == pytest.approx(var, rel=1e-6)
+    assert d.variance() - 1 / 12 < 0.95 * var  # without the correction it would be 5% short
+
+
+def test_fixed_length_is_raised_to_its_min_and_cut_at_its_max():
+    rng = np.random.default_rng(0)
+    low = FixedLengthConfig(type="fixed", value=5, min=10).build()
+    assert low.mean() == 10.0 and (low.sample(rng, 4) == 10).all()
+    high = FixedLengthConfig(type="fixed", value=50, max=20).build()
+    assert high.mean() == 20.0 and (high.sample(rng, 4) == 20).all()
+
+
+def test_a_duration_keeps_the_arrivals_strictly_before_it():
+    # [0, duration_s): gaps of exactly 0.5 s give arrivals 0.5, 1.0, 1.5, 2.0, ...; a 2 s window keeps three
+    from servesim.workload.arrival_processes import renewal_arrivals
+
+    times = renewal_arrivals(lambda n: np.full(n, 0.5), rate=2.0, gap_cv=1.0, duration_s=2.0)
+    assert times.tolist() == [0.5, 1.0, 1.5]
+
 def test_empirical_lengths():
     e = EmpiricalLengthConfig(type="empirical", path=str(AZURE_CODE), column="output").build()
     assert e.mean() == pytest.approx(load_trace(AZURE_CODE).output_tokens.mean())
