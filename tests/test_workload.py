@@ -165,6 +165,16 @@ def test_window_is_on_the_original_timeline_then_rebased_and_scaled():
     assert len(tail) == (t >= 3000).sum()
 
 
+
+def test_window_excludes_its_end_and_the_clamp_counts_are_the_files():
+    # azure_zero_tokens.csv: rows at 0, 1 and 2 s; (100, 0), (0, 7), (50, 3). The window [1, 2) keeps the row at
+    # 1 s only (the one at exactly 2 s is outside); the rows raised to 1 token are counted over the whole
+    # file ("in the file"), so the zero output at 0 s counts although it is outside the window
+    w = load_trace(DATA / "azure_zero_tokens.csv", start_s=1.0, duration_s=1.0)
+    assert w.arrival_s.tolist() == [0.0]
+    assert w.prompt_tokens.tolist() == [1] and w.output_tokens.tolist() == [7]
+    assert w.meta.num_clamped_prompt == 1 and w.meta.num_clamped_output == 1
+
 def test_max_requests_keeps_the_first_n_of_the_window():
     base = load_trace(AZURE_CONV)
     first_in = int(np.searchsorted(base.arrival_s, 100.0))
