@@ -248,6 +248,19 @@ def test_azure_2024_offsets_and_unusual_but_valid_files():
     assert z.meta.num_clamped_prompt == 1 and z.meta.num_clamped_output == 1
 
 
+
+def test_azure_mixed_utc_offsets_are_subtracted_hours_and_minutes(tmp_path):
+    # 00:00:00 UTC; 01:00:01 at +01:00 = 00:00:01 UTC; 05:30:02 at +05:30 = 00:00:02 UTC. Offsets that grow
+    # down the file keep the rows sorted however they are (mis)applied, so the vectorised parse is the one
+    # that answers (an unsorted result would fall back to the row-by-row parse)
+    path = tmp_path / "offsets.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2024-05-10 00:00:00.000000+00:00,10,5\n"
+                    "2024-05-10 01:00:01.000000+01:00,20,6\n"
+                    "2024-05-10 05:30:02.000000+05:30,30,7\n")
+    w = load_trace(path)
+    np.testing.assert_allclose(w.arrival_s, [0.0, 1.0, 2.0], atol=1e-9)
+
 # (fixture, what must follow "FILE: " in the message)
 MALFORMED = [
     ("azure_empty.csv", r"empty file \(expected a header TIMESTAMP,ContextTokens,GeneratedTokens"),
