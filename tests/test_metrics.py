@@ -354,6 +354,21 @@ def test_slow_growth_below_absolute_threshold_is_not_saturated():
     assert not result.saturated and result.threshold == 5.0
 
 
+
+def test_growth_exactly_at_the_threshold_is_not_saturated():
+    # arrivals at 0 and 20 s: tail [15, 20], one arrival in it, threshold max(5, 5% x 1) = 5. One-second steps
+    # from 0 with num_waiting = max(0, t - 15): over the tail starts 15..20 the fitted slope is exactly 1/s
+    # (x and y are small dyadic numbers), so the growth is exactly 5 = the threshold: not "more than" it
+    n = 2
+    nan = np.full(n, np.nan)
+    zeros = np.zeros(n, dtype=np.int64)
+    requests = RequestLog(np.arange(n), np.array([0.0, 20.0]), zeros + 8, zeros + 8, zeros, nan, nan, nan, zeros)
+    rows = [dict(start_s=float(t), num_steps=1, first_step_s=1.0, batch_size=4, num_waiting=max(0, t - 15))
+            for t in range(0, 26)]
+    result = detect_saturation(EngineOutput(requests, make_steps(rows), np.zeros(0), 100, 16, 26.0))
+    assert result.slope_per_s == 1.0 and result.growth == 5.0 and result.threshold == 5.0
+    assert not result.saturated
+
 def test_threshold_scales_with_arrivals_in_the_tail():
     # 2001 arrivals, 501 of them in the last 25 s: threshold = 5% of 501 = 25.05 requests
     below = detect_saturation(queue_output(2001, 100.0, lambda t: 0.9 * t))   # growth 22.5
