@@ -369,6 +369,22 @@ def test_growth_exactly_at_the_threshold_is_not_saturated():
     assert result.slope_per_s == 1.0 and result.growth == 5.0 and result.threshold == 5.0
     assert not result.saturated
 
+
+def test_queue_trend_weights_each_step_by_its_duration():
+    # tail [15, 20] (arrivals at 0 and 20 s); steps starting at 15 (2 s, 0 waiting), 17 (2 s, 8 waiting),
+    # 19 (1 s, 8) and 20 (0.25 s, 0): the least-squares slope with weights 2, 2, 1, 0.25 (numpy's polyfit
+    # weighs residuals by sqrt(w)) is 1.56/s; unweighted, the short last step would pull it down to 0.27/s
+    n = 2
+    nan = np.full(n, np.nan)
+    zeros = np.zeros(n, dtype=np.int64)
+    requests = RequestLog(np.arange(n), np.array([0.0, 20.0]), zeros + 8, zeros + 8, zeros, nan, nan, nan, zeros)
+    x, w, y = [15.0, 17.0, 19.0, 20.0], [2.0, 2.0, 1.0, 0.25], [0, 8, 8, 0]
+    rows = [dict(start_s=a, num_steps=1, first_step_s=d, batch_size=4, num_waiting=q) for a, d, q in zip(x, w, y)]
+    result = detect_saturation(EngineOutput(requests, make_steps(rows), np.zeros(0), 100, 16, 21.0))
+    weighted = np.polyfit(x, y, 1, w=np.sqrt(w))[0]
+    assert result.slope_per_s == pytest.approx(weighted, rel=1e-9)
+    assert weighted > 1.5 > 0.3 > np.polyfit(x, y, 1)[0]
+
 def test_threshold_scales_with_arrivals_in_the_tail():
     # 2001 arrivals, 501 of them in the last 25 s: threshold = 5% of 501 = 25.05 requests
     below = detect_saturation(queue_output(2001, 100.0, lambda t: 0.9 * t))   # growth 22.5
