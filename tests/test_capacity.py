@@ -88,6 +88,7 @@ def test_bisection_stops_when_the_bracket_is_within_tolerance_of_the_passing_rat
     assert [e.rate for e in result.evaluations] == [3.0, 6.0, 12.0, 24.0, 18.0, 21.0, 19.5]
     assert result.capacity == 19.5
 
+
 def test_search_downward_and_max_rate_cap():
     fake = FakeSimulate()
     down = CapacitySearch(poisson_cfg(100.0), Path("."), [parse_slo("itl_p99=0.05")], replications=1,
@@ -136,6 +137,7 @@ def test_attainment_uses_the_tightest_target_of_a_metric():
                         replications=1, simulate=simulate).evaluate(1.0)
     assert ev.slo_attainment == 0.5
     assert ev.goodput == pytest.approx(2 / 4.25)  # good requests over the run's 4.25 s
+
 
 def test_min_replicas_search():
     # itl_p99 = 0.01 x 37 / R <= 0.1  <=>  R >= 3.7: fewest replicas 4

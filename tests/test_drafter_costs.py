@@ -64,14 +64,3 @@ def test_simple_draft_cost_is_c_times_the_targets_plain_decode_step():
         decode = st.tokens_subps(requests, requests) + requests * st.request_subps_per_request
         assert drafter.const_subps(requests * (k + 1), requests, k) == k * round(0.05 * decode)
         assert drafter.step_subps(requests * (k + 1), requests, k, 10_000) == k * round(0.05 * decode)  # no KV term
-
-
-def test_ngram_proposer_costs_its_cpu_time_per_request():
-    # n-gram: n requests x ngram_cpu_s_per_request (10 us by default), whatever k and the step's tokens
-    hw, target = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
-    st = build_step_time_model(hw, target, 1, speculative=True)
-    drafter = build_drafter(SpeculativeConfig(method="ngram", num_speculative_tokens=4), hw, target, 1, "calibrated", st)
-    per_request = round(10e-6 * SUBPS_PER_S)
-    for tokens, requests, k in ((5, 1, 4), (320, 64, 4), (1000, 200, 2)):
-        assert drafter.step_subps(tokens, requests, k, 50_000) == requests * per_request
-    assert drafter.step_subps(320, 64, 0, 50_000) == 0  # nothing proposed, nothing spent

@@ -111,6 +111,7 @@ def test_percentile_halfway_between_two_samples_uses_numpys_upper_form():
     assert percentiles(np.array([0.1, 0.5, 1.5]), [25])[0] == 0.3 == np.percentile([0.1, 0.5, 1.5], 25)
     assert weighted_percentiles(np.array([0.5, 0.1, 1.5]), np.array([1, 1, 1]), [25])[0] == 0.3
 
+
 def test_weighted_percentiles_large_sample_bitwise():
     rng = np.random.default_rng(np.random.SeedSequence(7))
     values = np.round(rng.gamma(2.0, 0.01, 20_000), 5)  # many ties
@@ -217,23 +218,6 @@ def test_summary_counts_and_throughputs():
     assert s["total_token_throughput"] == pytest.approx((3 + 1 + 5 + 10 + 20 + 30) / 4.25, rel=REL)
     assert s["preemptions"] == 3
 
-
-
-def test_duration_runs_from_the_first_arrival_not_from_time_0():
-    # small_output() with every request time 8 s later: first arrival 8, last finish 12.25, so the duration
-    # is still 4.25 s and the throughputs are those above (a span from t = 0 would give 12.25 s)
-    base = small_output()
-    later = make_requests([
-        (8.0, 10, 3, 3, 8.5, 9.0, 10.0, 0),
-        (9.0, 20, 1, 1, 9.25, 9.5, 9.5, 0),
-        (10.0, 30, 5, 5, 10.0, 10.25, 12.25, 1),
-        (11.0, 40, 4, 2, 11.5, 12.0, NAN, 2),
-    ])
-    s = summarize(EngineOutput(requests=later, steps=base.steps, extra_itl_s=base.extra_itl_s,
-                               kv_blocks_total=10, block_size=16, end_s=12.25))
-    assert s["duration_s"] == 4.25
-    assert s["request_throughput"] == pytest.approx(3 / 4.25, rel=REL)
-    assert s["output_throughput"] == pytest.approx(9 / 4.25, rel=REL)
 
 def test_summary_latency_definitions():
     s = summarize(small_output())
@@ -384,6 +368,7 @@ def test_queue_trend_weights_each_step_by_its_duration():
     weighted = np.polyfit(x, y, 1, w=np.sqrt(w))[0]
     assert result.slope_per_s == pytest.approx(weighted, rel=1e-9)
     assert weighted > 1.5 > 0.3 > np.polyfit(x, y, 1)[0]
+
 
 def test_threshold_scales_with_arrivals_in_the_tail():
     # 2001 arrivals, 501 of them in the last 25 s: threshold = 5% of 501 = 25.05 requests

@@ -47,6 +47,7 @@ def test_closed_forms_match_brute_force_where_the_overlap_crosses_deep_in_the_ra
             kw = {"target_top_probability": pi, "draft_sharpness": lam}
             assert acceptance_at_temperature(c, t, "ratio", **kw) == pytest.approx(ratio, abs=1e-9)
 
+
 def test_zero_temperature_is_greedy():
     c = np.array([0.9, 0.7, 0.5])
     for rule in ("ratio", "match"):

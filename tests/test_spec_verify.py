@@ -222,13 +222,3 @@ def test_example8_rows(cond, cost, perpos, al, round_cost, spd):
     assert f"{length:.3f}" == al
     assert f"{1 + len(cond) * cost:.2f}" == round_cost
     assert f"{length / (1 + len(cond) * cost):.2f}" == spd
-
-
-def test_best_k_keeps_k_0_when_no_k_beats_plain_decoding():
-    # alpha = 0: every round yields exactly 1 token; with free drafts (c = 0) speedup(0, k, 0) = 1 / 1 = 1 for
-    # every k, a tie with plain decoding, which "strictly greater wins" keeps at k = 0
-    assert best_k(0.0, 0.0, 8) == (0, 1.0)
-    # alpha = 1 and c = 1: (k + 1) / (1 + k) = 1 for every k, the same tie
-    assert best_k(1.0, 1.0, 8) == (0, 1.0)
-    # alpha = 1, c = 0: speedup k + 1 grows strictly with k, so k_max wins
-    assert best_k(1.0, 0.0, 8) == (8, 9.0)

@@ -300,10 +300,3 @@ def test_best_k_and_best_fixed_k_ties_keep_the_smaller_k():
     assert choose_best_k(grid, with_slo=False) == {1: 1}
     # shares of the best: k = 0 5/7, k = 1 and k = 2 1.0 each: the smaller k
     assert choose_best_fixed_k(grid) == 1
-
-
-def test_a_fixed_k_keeps_the_first_k_synthetic_rates():
-    # vLLM wants exactly one synthetic rate per speculative token
-    spec = {"method": "eagle", "num_speculative_tokens": 3, "synthetic_acceptance_rates": [0.9, 0.8, 0.7]}
-    assert fixed_k_spec(spec, 2)["synthetic_acceptance_rates"] == [0.9, 0.8]
-    assert tuned_spec(spec, [[1, 4, 1], [5, 8, 0]])["synthetic_acceptance_rates"] == [0.9]

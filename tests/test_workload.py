@@ -175,6 +175,7 @@ def test_window_excludes_its_end_and_the_clamp_counts_are_the_files():
     assert w.prompt_tokens.tolist() == [1] and w.output_tokens.tolist() == [7]
     assert w.meta.num_clamped_prompt == 1 and w.meta.num_clamped_output == 1
 
+
 def test_max_requests_keeps_the_first_n_of_the_window():
     base = load_trace(AZURE_CONV)
     first_in = int(np.searchsorted(base.arrival_s, 100.0))
@@ -454,13 +455,6 @@ def test_fixed_length_is_raised_to_its_min_and_cut_at_its_max():
     high = FixedLengthConfig(type="fixed", value=50, max=20).build()
     assert high.mean() == 20.0 and (high.sample(rng, 4) == 20).all()
 
-
-def test_a_duration_keeps_the_arrivals_strictly_before_it():
-    # [0, duration_s): gaps of exactly 0.5 s give arrivals 0.5, 1.0, 1.5, 2.0, ...; a 2 s window keeps three
-    from servesim.workload.arrival_processes import renewal_arrivals
-
-    times = renewal_arrivals(lambda n: np.full(n, 0.5), rate=2.0, gap_cv=1.0, duration_s=2.0)
-    assert times.tolist() == [0.5, 1.0, 1.5]
 
 def test_empirical_lengths():
     e = EmpiricalLengthConfig(type="empirical", path=str(AZURE_CODE), column="output").build()
