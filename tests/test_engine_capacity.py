@@ -68,6 +68,17 @@ def test_one_block_short_is_refused_before_the_run(spec, prompt, output, blocks)
     assert "num_gpu_blocks_override" in message and "num_speculative_tokens" in message
 
 
+def test_the_peak_counts_only_the_drafts_the_token_budget_can_verify():
+    # a verify step schedules at most max_num_batched_tokens = 4 tokens: 1 + 3 drafts of K = 8, so the peak is
+    # 900 + 122 - 1 + 3 = 1024 slots = 64 blocks, served in a cache of 64 (with all 8 drafts it would be 1029,
+    # 65 blocks, and refused)
+    cfg = config({"method": "ngram", "num_speculative_tokens": 8}, 900, 122, 64)
+    cfg["engine"].update(max_num_batched_tokens=4, max_num_seqs=4)
+    result = simulate(cfg)
+    assert (result.output.requests.generated_tokens == 122).all()
+    assert result.output.steps.kv_blocks_used.max() == 64
+
+
 def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
     import yaml
 
