@@ -77,6 +77,18 @@ def test_bisection_finds_the_threshold_within_tolerance():
     assert all(e.values["itl_p99"] == pytest.approx(0.01 * e.rate + 0.001) for e in result.evaluations)
 
 
+
+def test_bisection_stops_when_the_bracket_is_within_tolerance_of_the_passing_rate():
+    # threshold 20 requests/s as above; tolerance 0.15 relative to lo (the passing rate): doubling 3, 6, 12, 24
+    # (fails); bracket [12, 24]: 12 > 0.15 x 12 -> 18 passes; [18, 24]: 6 > 2.7 -> 21 fails; [18, 21]: 3 > 2.7
+    # -> 19.5 passes; [19.5, 21]: 1.5 <= 2.925 stops. (Relative to hi, 3 <= 0.15 x 21 would stop at 18.)
+    search = CapacitySearch(poisson_cfg(3.0), Path("."), [parse_slo("itl_p99=0.201")], replications=3,
+                            simulate=FakeSimulate())
+    result = search.max_rate(tolerance=0.15)
+    assert [e.rate for e in result.evaluations] == [3.0, 6.0, 12.0, 24.0, 18.0, 21.0, 19.5]
+    assert result.capacity == 19.5
+
+
 def test_search_downward_and_max_rate_cap():
     fake = FakeSimulate()
     down = CapacitySearch(poisson_cfg(100.0), Path("."), [parse_slo("itl_p99=0.05")], replications=1,
@@ -86,6 +98,45 @@ def test_search_downward_and_max_rate_cap():
     capped = CapacitySearch(poisson_cfg(1.0), Path("."), [parse_slo("itl_p99=10")], replications=1,
                             simulate=FakeSimulate()).max_rate(max_rate=3.0)
     assert capped.capacity == 3.0 and capped.capped
+
+
+
+def test_downward_search_brackets_from_the_first_passing_halving():
+    # itl_p99 = 0.01 rate <= 0.05 <=> rate <= 5 (one replication). Halving from 100: 50, 25, 12.5, 6.25 fail,
+    # 3.125 passes: bracket [3.125, 6.25] -> 4.6875 passes, 5.46875 fails, 5.078125 fails, 4.8828125 passes;
+    # [4.8828125, 5.078125]: 0.1953125 <= 0.05 x 4.8828125 stops
+    down = CapacitySearch(poisson_cfg(100.0), Path("."), [parse_slo("itl_p99=0.05")], replications=1,
+                          simulate=FakeSimulate()).max_rate(tolerance=0.05)
+    assert [e.rate for e in down.evaluations] == [100.0, 50.0, 25.0, 12.5, 6.25, 3.125, 4.6875, 5.46875,
+                                                  5.078125, 4.8828125]
+    assert down.capacity == 4.8828125
+
+
+def test_a_statistic_equal_to_its_target_meets_it():
+    # "<=": 0.01 x 4.0 = 0.04 exactly in floats (a power-of-two multiple), and an SLO of 0.04 is met
+    ev = CapacitySearch(poisson_cfg(), Path("."), [parse_slo("itl_p99=0.04")], replications=1,
+                        simulate=FakeSimulate()).evaluate(4.0)
+    assert ev.values["itl_p99"] == 0.04 and ev.passed
+    # a goodput share equal to the attainment is met too (every request completes: attainment 1.0)
+    ev = CapacitySearch(poisson_cfg(), Path("."), [parse_slo("itl_p99=10")], replications=1, goodput_share=1.0,
+                        simulate=FakeSimulate()).evaluate(1.0)
+    assert ev.slo_attainment == 1.0 and ev.passed
+
+
+def test_attainment_uses_the_tightest_target_of_a_metric():
+    # two SLOs on TTFT (p50 <= 1.0, p99 <= 0.5): a request is good when its TTFT <= 0.5, the smaller target.
+    # test_metrics.small_output(): TTFTs 1.0, 0.5, 0.25 of 3 completed requests of 4 -> 2 good of 4
+    from servesim.metrics import summarize
+    from test_metrics import small_output
+
+    def simulate(config, *, seed=None, base_dir=None):
+        out = small_output()
+        return SimpleNamespace(summary=summarize(out), output=out)
+
+    ev = CapacitySearch(poisson_cfg(), Path("."), [parse_slo("ttft_p50=1.0"), parse_slo("ttft_p99=0.5")],
+                        replications=1, simulate=simulate).evaluate(1.0)
+    assert ev.slo_attainment == 0.5
+    assert ev.goodput == pytest.approx(2 / 4.25)  # good requests over the run's 4.25 s
 
 
 def test_min_replicas_search():

@@ -590,3 +590,49 @@ def test_hf_config_reads_qwen_mtp_layers_as_mtp_modules(tmp_path) -> None:
               "max_position_embeddings": 512, "mtp_num_hidden_layers": 1}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert load_model(str(tmp_path / "config.json")).num_nextn_predict_layers == 1
+
+
+# ---------------------------------------------------------------------------------------------- exact counts
+@pytest.mark.parametrize("stem, total", [
+    # the published checkpoints' safetensors total_size / 2 bytes (bf16): 16,060,522,496 B, 141,107,412,992 B,
+    # 93,405,585,408 B; every weight counted, norms included (two per layer plus the final one)
+    ("llama-3.1-8b", 8_030_261_248),
+    ("llama-3.1-70b", 70_553_706_496),
+    ("mixtral-8x7b", 46_702_792_704),
+])
+def test_total_params_equal_the_published_checkpoints(stem, total) -> None:
+    assert load_model(stem).total_params == total
+
+
+def test_gpt_oss_biases_and_norms_by_hand() -> None:
+    # gpt-oss-120b (mlp_bias, attention_bias): D = 2880, L = 36, E = 128 experts of width F = 2880, 64 q heads
+    # and 8 KV heads of 64. Each expert has gate+up bias 2F and down bias D; the router a bias of E per layer.
+    # Per layer: two RMSNorms 2D, attention biases (64 + 2 x 8) x 64 + D; one final norm D.
+    pc = load_model("gpt-oss-120b").param_counts
+    D, L, E, F = 2880, 36, 128, 2880
+    assert pc.routed_experts_bias == L * E * (2 * F + D) == 39_813_120
+    assert pc.other == L * (2 * D + (64 + 2 * 8) * 64 + D) + D + L * E == 502_848
+    assert pc.router_matmul == L * D * E
+
+
+def test_qwen3_qk_norm_weights_by_hand() -> None:
+    # Qwen3-8B: 36 layers, D = 4096, head_dim 128; per layer two RMSNorms (2D) and the q and k norms (2 x 128);
+    # one final norm
+    assert load_model("qwen3-8b").param_counts.other == 36 * (2 * 4096 + 2 * 128) + 4096 == 308_224
+
+
+def test_deepseek_v3_mla_and_shared_expert_counts_by_hand() -> None:
+    # DeepSeek-V3 (config_671B.json): D = 7168, 61 layers of which the first 3 dense, 128 heads, q_lora_rank
+    # 1536, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, one shared expert of width 2048 per MoE layer
+    pc = load_model("deepseek-v3").param_counts
+    D, L, H, qr, kvr, nope, rope, v = 7168, 61, 128, 1536, 512, 128, 64, 128
+    per_layer = (D * qr + qr * H * (nope + rope)  # q_a, q_b
+                 + D * (kvr + rope)  # kv_a: the latent and the shared rotary key
+                 + kvr * H * (nope + v)  # kv_b
+                 + H * v * D)  # o
+    assert pc.attention_matmul == L * per_layer
+    assert pc.shared_experts_matmul == (L - 3) * 3 * D * 2048
+    assert pc.dense_mlp_matmul == 3 * 3 * D * 18432
+    # norms: two per layer, the q_a and kv_a norms (qr, kvr), the final norm
+    assert pc.other == L * (2 * D + qr + kvr) + D
+    assert load_model("deepseek-v3").kv_bytes_per_token == L * (kvr + rope) * 2  # bf16 latent + rotary key

@@ -49,3 +49,18 @@ def test_no_constant_stands_in_for_what_grows_with_the_batch(eagle):
     # at 256 requests the head's passes cost 2.5 times their batch-1 time (lm_head over 256 rows,
     # the sampler over 256 x vocab logits, a 1,024-token first pass)
     assert growth[-1] > 2 * growth[0]
+
+
+def test_simple_draft_cost_is_c_times_the_targets_plain_decode_step():
+    # the lesson's draft_cost = c: k * c * t_decode(n), t_decode(n) the context-free part of a plain decode
+    # step of n requests: n tokens, n logits and n scheduled requests (the card's per_request_s included)
+    hw = load_hardware("h100-sxm").model_copy(update={"per_request_s": 3e-6})  # 3 us of CPU per request
+    target = load_model("llama-3.1-8b")
+    st = build_step_time_model(hw, target, 1, speculative=True)
+    spec = SpeculativeConfig(method="draft_model", num_speculative_tokens=4, draft_cost=0.05, acceptance={"alpha": 0.7})
+    drafter = build_drafter(spec, hw, target, 1, "calibrated", st)
+    assert st.request_subps_per_request == round(3e-6 * SUBPS_PER_S)
+    for requests, k in ((1, 4), (64, 3)):
+        decode = st.tokens_subps(requests, requests) + requests * st.request_subps_per_request
+        assert drafter.const_subps(requests * (k + 1), requests, k) == k * round(0.05 * decode)
+        assert drafter.step_subps(requests * (k + 1), requests, k, 10_000) == k * round(0.05 * decode)  # no KV term

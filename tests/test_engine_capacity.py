@@ -53,7 +53,11 @@ def test_request_at_the_peak_is_served_in_both_modes(spec, prompt, output, block
         assert (result.output.steps.kv_blocks_used <= blocks).all()
 
 
-@pytest.mark.parametrize("spec, prompt, output, blocks", CASES[:3])
+# one slot past a block boundary: 900 + 122 - 1 + 4 = 1025 slots = 65 blocks (a peak one slot lower would fit 64)
+PAST_BOUNDARY = ({"method": "ngram", "num_speculative_tokens": 4}, 900, 122, 65)
+
+
+@pytest.mark.parametrize("spec, prompt, output, blocks", CASES[:3] + [PAST_BOUNDARY])
 def test_one_block_short_is_refused_before_the_run(spec, prompt, output, blocks):
     with pytest.raises(ConfigError) as err:
         simulate(config(spec, prompt, output, blocks - 1))
@@ -62,6 +66,17 @@ def test_one_block_short_is_refused_before_the_run(spec, prompt, output, blocks)
     assert message.startswith("engine: request 0 ")
     assert f"({blocks} blocks of 16 tokens)" in message and f"cache's {blocks - 1} blocks" in message
     assert "num_gpu_blocks_override" in message and "num_speculative_tokens" in message
+
+
+def test_the_peak_counts_only_the_drafts_the_token_budget_can_verify():
+    # a verify step schedules at most max_num_batched_tokens = 4 tokens: 1 + 3 drafts of K = 8, so the peak is
+    # 900 + 122 - 1 + 3 = 1024 slots = 64 blocks, served in a cache of 64 (with all 8 drafts it would be 1029,
+    # 65 blocks, and refused)
+    cfg = config({"method": "ngram", "num_speculative_tokens": 8}, 900, 122, 64)
+    cfg["engine"].update(max_num_batched_tokens=4, max_num_seqs=4)
+    result = simulate(cfg)
+    assert (result.output.requests.generated_tokens == 122).all()
+    assert result.output.steps.kv_blocks_used.max() == 64
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):

@@ -124,6 +124,43 @@ def test_context_decay_scales_acceptance_by_the_context(shape, per_token):
         assert 4 * np.sqrt(p * (1 - p) / n) + 0.003 * p < 0.05 * p
 
 
+
+def test_context_decay_follows_the_context_as_the_output_grows():
+    # The context a round sees grows with the output: round j of a request (after its 100-token prompt) is
+    # predicted at ctx_j = 100 + j * L, L = 1 + c_1 = 1.8 the profile's mean acceptance length (K = 1), so
+    # p(j) = c_1 * (1 - 1e-3 * 1.8 j) with reference_tokens 100. Expected counters, exactly, by dynamic
+    # programming over the output tokens still to emit (399 after the prefill's token): a round of a request
+    # with m >= 1 left accepts its draft with probability p(j) and emits min(1 + A, m) tokens; the rate is
+    # E[sum_j A_j] / E[rounds]. (A prediction at 100 + j (L - 1), growing by the accepted drafts only,
+    # gives 0.726 instead of 0.624.)
+    c1, per_token, prompt, output = 0.8, 1e-3, 100, 400
+    decay = {"shape": "linear", "per_token": per_token, "reference_tokens": prompt}
+    spec = {"method": "eagle", "num_speculative_tokens": 1,
+            "acceptance": {"name": "decay", "per_position_acceptance": [c1], "context_decay": decay}}
+    sd = simulate(closed_loop(spec, concurrency=16, num_requests=300, prompt=prompt, output=output)).summary["spec_decode"]
+    left = np.zeros(output)  # left[m]: probability that m tokens remain before round j
+    left[output - 1] = 1.0
+    accepted = rounds = 0.0
+    for j in range(output):
+        p = c1 * max(0.0, 1 - per_token * (1 + c1) * j)
+        active = left[1:].sum()
+        if active < 1e-15:
+            break
+        rounds += active
+        accepted += p * active
+        nxt = np.zeros(output)
+        nxt[0] = left[0] + left[1]  # one token left: done whatever the draw
+        nxt[1:-1] += (1 - p) * left[2:]  # rejected: one token
+        nxt[:-2] += p * left[2:]  # accepted: two tokens
+        left = nxt
+    expected = accepted / rounds
+    n = sd["num_drafts"]
+    assert n > 300 * 200
+    got = sd["per_position_acceptance_rate"][0]
+    assert abs(got - expected) < 4 * np.sqrt(expected * (1 - expected) / n) + 0.005 * expected, (got, expected)
+    assert n / 300 == pytest.approx(rounds, rel=0.01)  # about 246 rounds a request
+
+
 # ---------------------------------------------------------------------- replicas with speculation
 def test_replicas_with_speculation():
     spec = eagle("eagle-llama3.1-8b-sharegpt-k3")

@@ -132,3 +132,27 @@ def test_littles_law_from_the_step_log_against_the_closed_form():
         averages.append(float(((s.batch_size + s.num_waiting) * s.duration_s).sum() / out.end_s))
     wq = rho * service / (2 * (1 - rho))
     _check_interval(np.asarray(averages), rate * (wq + service + STEP_S * (1 - rho / 2)))
+
+
+@pytest.mark.parametrize("mode", ["run", "step"])
+def test_an_arrival_exactly_at_a_step_end_is_admitted_by_the_next_step(mode):
+    # Steps of 10 ms + 1,000 ps per attended token (integer ps: every end is exact). Request 0 (16 + 40 tokens):
+    # its prefill ends at 10,000,016,000 ps, its decode step j (17 + j tokens attended) lasts
+    # 10,000,017,000 + 1,000 j ps, so decode step 3 ends at 50,000,090,000 ps. Request 1 arrives exactly then:
+    # the next step admits it at once (a run of decode steps stops at that boundary, not one step later)
+    arrival_ps = 10_000_016_000 + sum(10_000_017_000 + 1_000 * j for j in range(4))
+    assert arrival_ps == 50_000_090_000
+    eng = run_engine([16, 16], [40, 5], [0.0, arrival_ps / 1e12], step_model=flat_step_model(0.01, kv_ps=1000),
+                     mode=mode)
+    out = eng.output()
+    assert out.requests.first_scheduled_s.tolist() == [0.0, 0.05000009]
+    if mode == "run":
+        assert out.steps.num_steps.tolist()[:3] == [1, 4, 1]
+
+
+def test_a_decode_run_reaches_the_first_step_end_after_an_arrival_in_one_row():
+    # flat 10 ms steps; request 1 arrives at 55 ms, inside decode step 4 (50-60 ms): the run of decode steps
+    # after request 0's prefill takes ceil(45 / 10) = 5 steps in one row, and request 1 is admitted at 60 ms
+    out = run_engine([16, 16], [40, 5], [0.0, 0.055], step_model=flat_step_model(0.01), mode="run").output()
+    assert out.steps.num_steps.tolist()[:3] == [1, 5, 1]
+    assert out.requests.first_scheduled_s.tolist() == [0.0, 0.06]

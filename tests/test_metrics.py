@@ -103,6 +103,15 @@ def test_weighted_percentiles_equal_expanded_numpy_percentile(rows, q):
     np.testing.assert_array_equal(weighted_percentiles(values, weights, q), expected)
 
 
+
+def test_percentile_halfway_between_two_samples_uses_numpys_upper_form():
+    # q = 25 of 3 samples: h = 2 * 0.25 = 0.5, halfway between 0.1 and 0.5. numpy's _lerp takes
+    # b - (b - a) * (1 - g) for g >= 0.5: 0.5 - 0.4 * 0.5 = 0.3 exactly, where a + (b - a) * g gives
+    # 0.30000000000000004 in floats
+    assert percentiles(np.array([0.1, 0.5, 1.5]), [25])[0] == 0.3 == np.percentile([0.1, 0.5, 1.5], 25)
+    assert weighted_percentiles(np.array([0.5, 0.1, 1.5]), np.array([1, 1, 1]), [25])[0] == 0.3
+
+
 def test_weighted_percentiles_large_sample_bitwise():
     rng = np.random.default_rng(np.random.SeedSequence(7))
     values = np.round(rng.gamma(2.0, 0.01, 20_000), 5)  # many ties
@@ -327,6 +336,38 @@ def test_not_saturated_when_queue_fluctuates():
 def test_slow_growth_below_absolute_threshold_is_not_saturated():
     result = detect_saturation(queue_output(200, 100.0, lambda t: 0.15 * t))  # 3.75 requests over the tail
     assert not result.saturated and result.threshold == 5.0
+
+
+
+def test_growth_exactly_at_the_threshold_is_not_saturated():
+    # arrivals at 0 and 20 s: tail [15, 20], one arrival in it, threshold max(5, 5% x 1) = 5. One-second steps
+    # from 0 with num_waiting = max(0, t - 15): over the tail starts 15..20 the fitted slope is exactly 1/s
+    # (x and y are small dyadic numbers), so the growth is exactly 5 = the threshold: not "more than" it
+    n = 2
+    nan = np.full(n, np.nan)
+    zeros = np.zeros(n, dtype=np.int64)
+    requests = RequestLog(np.arange(n), np.array([0.0, 20.0]), zeros + 8, zeros + 8, zeros, nan, nan, nan, zeros)
+    rows = [dict(start_s=float(t), num_steps=1, first_step_s=1.0, batch_size=4, num_waiting=max(0, t - 15))
+            for t in range(0, 26)]
+    result = detect_saturation(EngineOutput(requests, make_steps(rows), np.zeros(0), 100, 16, 26.0))
+    assert result.slope_per_s == 1.0 and result.growth == 5.0 and result.threshold == 5.0
+    assert not result.saturated
+
+
+def test_queue_trend_weights_each_step_by_its_duration():
+    # tail [15, 20] (arrivals at 0 and 20 s); steps starting at 15 (2 s, 0 waiting), 17 (2 s, 8 waiting),
+    # 19 (1 s, 8) and 20 (0.25 s, 0): the least-squares slope with weights 2, 2, 1, 0.25 (numpy's polyfit
+    # weighs residuals by sqrt(w)) is 1.56/s; unweighted, the short last step would pull it down to 0.27/s
+    n = 2
+    nan = np.full(n, np.nan)
+    zeros = np.zeros(n, dtype=np.int64)
+    requests = RequestLog(np.arange(n), np.array([0.0, 20.0]), zeros + 8, zeros + 8, zeros, nan, nan, nan, zeros)
+    x, w, y = [15.0, 17.0, 19.0, 20.0], [2.0, 2.0, 1.0, 0.25], [0, 8, 8, 0]
+    rows = [dict(start_s=a, num_steps=1, first_step_s=d, batch_size=4, num_waiting=q) for a, d, q in zip(x, w, y)]
+    result = detect_saturation(EngineOutput(requests, make_steps(rows), np.zeros(0), 100, 16, 21.0))
+    weighted = np.polyfit(x, y, 1, w=np.sqrt(w))[0]
+    assert result.slope_per_s == pytest.approx(weighted, rel=1e-9)
+    assert weighted > 1.5 > 0.3 > np.polyfit(x, y, 1)[0]
 
 
 def test_threshold_scales_with_arrivals_in_the_tail():

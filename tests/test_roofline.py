@@ -124,3 +124,45 @@ def test_verify_tokens_are_not_free_below_the_ridge_point():
     times = [st.base_s(t, 1, 1) for t in (1, 32, 64, 128, 256)]
     assert all(b > a for a, b in zip(times, times[1:]))
     assert times[3] > 1.10 * times[0]  # 128 tokens: > 10% more than 1 (Vidur's Llama-2-7B layer: +15%)
+
+
+def test_allreduce_falls_back_to_a_64_gb_per_s_link():
+    # a card without interconnect_bandwidth_bytes_per_s runs its all-reduces over a PCIe-class 64e9 B/s link:
+    # the same step times as the card with that link written out
+    hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-70b")
+    unnamed = build_step_time_model(hw.model_copy(update={"interconnect_bandwidth_bytes_per_s": None}), m, 4)
+    pcie = build_step_time_model(hw.model_copy(update={"interconnect_bandwidth_bytes_per_s": 64e9}), m, 4)
+    for tokens in (1, 512):
+        assert unnamed.base_s(tokens, 1, 1) == pytest.approx(pcie.base_s(tokens, 1, 1), rel=1e-12)
+    # and the per-token all-reduce term is 2 L * 2 (TP-1)/TP * D * 2 B / (64e9 / 2 * eta_ic): the step of 512
+    # tokens minus that of 1 token differs from the NVLink card's by exactly 511 tokens of it
+    nvlink = build_step_time_model(hw, m, 4)
+    per_token = lambda link: 2 * 80 * 2 * 3 / 4 * 8192 * 2 / (link / 2 * hw.interconnect_efficiency)
+    growth = lambda st: st.base_s(512, 1, 1) - st.base_s(1, 1, 1)
+    assert growth(unnamed) - growth(nvlink) == pytest.approx(
+        511 * (per_token(64e9) - per_token(hw.interconnect_bandwidth_bytes_per_s)), rel=1e-6)
+
+
+def test_ideal_mode_counts_the_lm_head_flops_of_every_logit():
+    # the ideal form is t = max(W / BW, (F_lin T + F_lm n_logits) / P): at 2,048 tokens the compute line wins,
+    # and each logit position adds F_lm / P
+    hw, m = load_hardware("lesson-h100-sxm"), load_model("llama-3.1-8b")
+    st = build_step_time_model(hw, m, 1, "ideal")
+    peak = hw.peak_flops_per_s["bf16"]
+    for tokens, logits in ((2048, 1), (2048, 2048)):
+        expected = max(m.weight_bytes_read(tokens) / hw.memory_bandwidth_bytes_per_s,
+                       (m.linear_flops_per_token * tokens + m.lm_head_flops_per_token * logits) / peak)
+        assert st.step_s(tokens, logits, 0, 0) == pytest.approx(expected, rel=1e-9)
+    assert st.step_s(2048, 2048, 0, 0) > st.step_s(2048, 1, 0, 0) * 1.05  # lm_head FLOPs matter at full logits
+
+
+def test_context_free_part_is_rounded_to_the_nearest_unit():
+    # tokens_subps rounds the exact seconds once to the nearest 2^-16 ps (not truncation): over 1..64 tokens
+    # the fractional parts are spread, so truncation would be short by one unit on about half of them
+    from servesim.roofline import SUBPS_PER_S
+
+    st = build_step_time_model(load_hardware("h100-sxm"), load_model("llama-3.1-8b"), 1)
+    for tokens in range(1, 65):
+        exact = st.context_free_s(tokens, 1) * SUBPS_PER_S
+        assert st.tokens_subps(tokens, 1) == round(exact)
+        assert abs(st.tokens_subps(tokens, 1) - exact) <= 0.5

@@ -298,3 +298,6 @@ def test_a_request_finished_unknown_to_vllm_is_scheduled_once_more_with_the_tree
     decode_tokens = steps.num_tokens - steps.num_prefill_tokens
     assert (decode_tokens % 7 == 0).all()
     assert (steps.num_tokens[-1], steps.batch_size[-1]) == (7, 1)
+    # the tokens scheduled once more are a verify's, not a prefill's: the only prefill tokens are the six
+    # 100-token prompts (no preemption), and the last step has none
+    assert int((steps.num_steps * steps.num_prefill_tokens).sum()) == 6 * 100 and steps.num_prefill_tokens[-1] == 0

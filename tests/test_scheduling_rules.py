@@ -330,6 +330,17 @@ def test_block_zero_is_the_null_block():
         Engine(prompt_tokens=np.array([48]), output_tokens=np.array([1]), **kwargs)
 
 
+
+def test_without_chunked_prefill_the_longest_request_must_fit_the_budget():
+    """R10. Without chunked prefill a preempted request recomputes prompt + output in one step, so a request
+    of max_num_batched_tokens + 1 tokens is refused (40 budget: 30 + 11 = 41 refused, 30 + 10 = 40 served)."""
+    kwargs = dict(arrivals=ArrivalSource(times=[0], num_requests=1), step_time=flat_step_model(decode_s=STEP_S),
+                  kv_blocks_total=100, block_size=16, max_num_seqs=8, max_num_batched_tokens=40,
+                  enable_chunked_prefill=False)
+    Engine(prompt_tokens=np.array([30]), output_tokens=np.array([10]), **kwargs)
+    with pytest.raises(ValueError, match="exceeds max_num_batched_tokens=40"):
+        Engine(prompt_tokens=np.array([30]), output_tokens=np.array([11]), **kwargs)
+
 # ---------------------------------------------------------------------------------------------------------
 # With speculation (EAGLE: k drafts per round, k lookahead KV slots per request)
 # ---------------------------------------------------------------------------------------------------------

@@ -97,7 +97,8 @@ def test_vllm_schedule_example():
     assert [s.k_for(b) for b in (1, 16, 17, 128, 129, 4096, 5000)] == [3, 3, 2, 2, 0, 0, 0]
     gaps = KSchedule(4, [[1, 4, 6], [10, 20, 1]])  # gaps inherit the previous k; k capped at K
     assert [gaps.k_for(b) for b in (1, 4, 5, 9, 10, 20, 21)] == [4, 4, 4, 4, 1, 1, 1]
-    for bad in ([[2, 16, 3]], [[1, 16, 3], [10, 20, 2]], [[1, 16, -1]], [[1, 16]], []):
+    # ... and [[1, 16, 3], [16, 20, 2]]: ranges are inclusive, so a range starting at the previous end overlaps
+    for bad in ([[2, 16, 3]], [[1, 16, 3], [10, 20, 2]], [[1, 16, 3], [16, 20, 2]], [[1, 16, -1]], [[1, 16]], []):
         with pytest.raises(ValueError):
             KSchedule(3, bad)
 

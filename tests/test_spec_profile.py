@@ -206,3 +206,12 @@ def test_an_install_without_the_clones_profiles_says_where_they_live(tmp_path, m
     assert message.startswith("run.yaml: speculative_config.acceptance: unknown acceptance profile "
                               "'eagle-llama3.1-8b-sharegpt-k3' (expected one of: none shipped beside this install")
     assert "workloads/acceptance/" in message and "pip install -e ." in message
+
+
+def test_unconditional_rates_may_not_rise_even_slightly():
+    # p_i = P(first i drafts accepted) can only fall with i: a rise of 0.001 is refused, equal rates are fine
+    from servesim.speculation.profile import AcceptanceProfile
+
+    AcceptanceProfile(per_position_acceptance=[0.6, 0.6, 0.3], source="hand-made")
+    with pytest.raises(ValueError, match="non-increasing"):
+        AcceptanceProfile(per_position_acceptance=[0.6, 0.601], source="hand-made")

@@ -275,3 +275,28 @@ def test_best_fixed_k_under_an_slo_met_nowhere_is_the_k_closest_to_meeting_it():
     assert choose_best_k(grid, with_slo=True) == {1: 1, 8: 2}
     assert choose_best_fixed_k(grid) == 1  # tie 2.75 with k = 2: the smaller k
     assert choose_best_fixed_k(_slo_grid({1: [3.0, 2.0, 1.5], 8: [4.0, 3.5, 3.0]})) == 2
+
+
+# ---------------------------------------------------------------------------------------------- scoring rules
+def test_a_point_meets_its_slos_only_when_every_request_completed_and_each_ratio_is_at_most_1():
+    from servesim.analysis.capacity import parse_slo
+    from servesim.analysis.tune_k import point_frame
+
+    slo = parse_slo("tpot_p50=0.5")
+    base = {"replication": 0, "output_throughput": 100.0, "mean_acceptance_length": 2.0}
+    rows = [{**base, "batch_size": 1, "variant": "k=0", "completed_share": 1.0, "tpot_p50": 0.5},  # ratio 1: met
+            {**base, "batch_size": 1, "variant": "k=1", "completed_share": 0.9, "tpot_p50": 0.25},  # 10% unfinished
+            {**base, "batch_size": 1, "variant": "k=2", "completed_share": 1.0, "tpot_p50": 0.75}]  # ratio 1.5
+    frame = point_frame(rows, [slo]).set_index("variant")
+    assert frame["slo_ratio"].tolist() == [1.0, 0.5, 1.5]
+    assert frame["slo_met"].tolist() == [True, False, False]
+    assert frame["goodput"].tolist() == [100.0, 0.0, 0.0]
+
+
+def test_best_k_and_best_fixed_k_ties_keep_the_smaller_k():
+    # objectives (tokens/s) at batch 1 for k = 2, 0, 1 (listed out of order): 7, 5, 7 -> k = 1 and k = 2 tie
+    grid = pd.DataFrame([{"batch_size": 1, "variant": f"k={k}", "objective": obj}
+                         for k, obj in ((2, 7.0), (0, 5.0), (1, 7.0))])
+    assert choose_best_k(grid, with_slo=False) == {1: 1}
+    # shares of the best: k = 0 5/7, k = 1 and k = 2 1.0 each: the smaller k
+    assert choose_best_fixed_k(grid) == 1

@@ -165,6 +165,17 @@ def test_window_is_on_the_original_timeline_then_rebased_and_scaled():
     assert len(tail) == (t >= 3000).sum()
 
 
+
+def test_window_excludes_its_end_and_the_clamp_counts_are_the_files():
+    # azure_zero_tokens.csv: rows at 0, 1 and 2 s; (100, 0), (0, 7), (50, 3). The window [1, 2) keeps the row at
+    # 1 s only (the one at exactly 2 s is outside); the rows raised to 1 token are counted over the whole
+    # file ("in the file"), so the zero output at 0 s counts although it is outside the window
+    w = load_trace(DATA / "azure_zero_tokens.csv", start_s=1.0, duration_s=1.0)
+    assert w.arrival_s.tolist() == [0.0]
+    assert w.prompt_tokens.tolist() == [1] and w.output_tokens.tolist() == [7]
+    assert w.meta.num_clamped_prompt == 1 and w.meta.num_clamped_output == 1
+
+
 def test_max_requests_keeps_the_first_n_of_the_window():
     base = load_trace(AZURE_CONV)
     first_in = int(np.searchsorted(base.arrival_s, 100.0))
@@ -237,6 +248,19 @@ def test_azure_2024_offsets_and_unusual_but_valid_files():
     np.testing.assert_array_equal(z.output_tokens, [1, 7, 3])
     assert z.meta.num_clamped_prompt == 1 and z.meta.num_clamped_output == 1
 
+
+
+def test_azure_mixed_utc_offsets_are_subtracted_hours_and_minutes(tmp_path):
+    # 00:00:00 UTC; 01:00:01 at +01:00 = 00:00:01 UTC; 05:30:02 at +05:30 = 00:00:02 UTC. Offsets that grow
+    # down the file keep the rows sorted however they are (mis)applied, so the vectorised parse is the one
+    # that answers (an unsorted result would fall back to the row-by-row parse)
+    path = tmp_path / "offsets.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    "2024-05-10 00:00:00.000000+00:00,10,5\n"
+                    "2024-05-10 01:00:01.000000+01:00,20,6\n"
+                    "2024-05-10 05:30:02.000000+05:30,30,7\n")
+    w = load_trace(path)
+    np.testing.assert_allclose(w.arrival_s, [0.0, 1.0, 2.0], atol=1e-9)
 
 # (fixture, what must follow "FILE: " in the message)
 MALFORMED = [
@@ -406,6 +430,30 @@ def test_clipped_lognormal_moments_match_the_exact_discrete_distribution():
     assert d.mean() == pytest.approx(mean, abs=0.05)
     assert d.variance() == pytest.approx(var, rel=0.005)
     check_sample_moments(d)
+
+
+
+def test_narrow_lognormal_variance_counts_the_rounding():
+    # median 40, sigma 0.03: the continuous variance is about 1.44 tokens^2, and rounding to integers adds
+    # Sheppard's 1/12 (5.8% here). The exact discrete variance, summed over P(rint X = k) = F(k + 1/2) -
+    # F(k - 1/2), agrees with mean() and variance() to 1e-9 (the density is smooth on the scale of a token)
+    d = LognormalLengthConfig(type="lognormal", median=40, sigma=0.03).build()
+    cdf = lambda v: 0.5 * math.erfc(-(math.log(v) - d.mu) / (d.sigma * math.sqrt(2)))  # noqa: E731
+    ks = np.arange(1, 200)
+    p = np.array([cdf(k + 0.5) - (cdf(k - 0.5) if k > 1 else 0.0) for k in ks])
+    mean = float((ks * p).sum())
+    var = float((ks**2 * p).sum()) - mean**2
+    assert d.mean() == pytest.approx(mean, rel=1e-9)
+    assert d.variance() == pytest.approx(var, rel=1e-6)
+    assert d.variance() - 1 / 12 < 0.95 * var  # without the correction it would be 5% short
+
+
+def test_fixed_length_is_raised_to_its_min_and_cut_at_its_max():
+    rng = np.random.default_rng(0)
+    low = FixedLengthConfig(type="fixed", value=5, min=10).build()
+    assert low.mean() == 10.0 and (low.sample(rng, 4) == 10).all()
+    high = FixedLengthConfig(type="fixed", value=50, max=20).build()
+    assert high.mean() == 20.0 and (high.sample(rng, 4) == 20).all()
 
 
 def test_empirical_lengths():
