@@ -276,6 +276,8 @@ class PlainDecoding:
                 n = engine.steps_to_reach(((t_lim - t0) << SUBPS_BITS) - rem, d0, inc, n)
             if n > 1 and (n // engine.block_size + 1) * num_decoders > engine.free_blocks:
                 n = min(n, self._max_decode_steps(g, engine.free_blocks))
+        if n < 1:  # a broken rule would loop here without advancing the clock: fail instead of hanging
+            raise RuntimeError(f"servesim internal error: a decode run of {n} steps from step {g}")
         new_blocks = self._decode_blocks(g, n)
         end = rem + n * d0 + inc * (n * (n - 1) // 2)
         duration = end >> SUBPS_BITS
