@@ -858,3 +858,17 @@ def test_simulate_takes_a_whole_float_seed_as_a_config_does():
     from servesim import simulate
 
     assert simulate(SMALL, seed=4.0).summary == simulate(SMALL, seed=4).summary
+
+
+@pytest.mark.parametrize("workload, key", [
+    ({"type": "poisson", "rate": 1.0}, "workload.rate"),
+    ({"type": "gamma", "rate": 1.0, "cv": 2.0}, "workload.rate"),
+    ({"type": "closed_loop", "concurrency": 4}, "workload.concurrency"),
+])
+def test_too_many_replicas_advice_names_the_traffic_key_of_the_workload_type(tmp_path, capsys, workload, key):
+    # the advice said workload.rate_scale, a key of trace workloads only
+    base = {k: v for k, v in SMALL["workload"].items() if k not in ("type", "rate")}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": {**base, **workload}})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--set", "deployment.replicas=5000"]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(f"share of the traffic ({key})") and "rate_scale" not in err
