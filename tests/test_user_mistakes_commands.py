@@ -140,6 +140,20 @@ def test_a_misspelt_key_is_named_with_the_key_meant(tmp_path, capsys, change, me
     assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
 
 
+@pytest.mark.parametrize("change, message", [
+    # a workload file (its whole content one workload) gave no hint where a run config's workload did
+    ({"num_request": 5}, "num_request: unknown key (did you mean num_requests?)"),
+    ({"type": "closed_loop", "rate": None, "num_requests": None, "concurrency": 2, "num_request": 5},
+     "num_request: unknown key (did you mean num_requests?)"),
+])
+def test_a_misspelt_key_in_a_workload_file_is_named_with_the_key_meant(tmp_path, capsys, change, message):
+    workload = write_yaml(tmp_path / "w.yaml", {key: value for key, value in {**SMALL["workload"], **change}.items()
+                                                if value is not None})
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": "w.yaml"})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {workload}: {message}\n"
+
+
 def test_a_misspelt_sweep_key_is_named_with_the_key_meant(tmp_path, capsys):
     write_yaml(tmp_path / "c.yaml", SMALL)
     sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"seed": [1]}, "replication": 2})
