@@ -382,3 +382,28 @@ def test_a_plot_that_fails_while_drawing_leaves_no_figure(tmp_path, monkeypatch,
     names = {p.name for p in out.iterdir()}
     assert not names & {"latency_vs_throughput.png", "latency_vs_throughput.csv", "acceptance.png", "speedup.png"}
     assert {"summary.csv", "speedup.csv", "sweep.json", "points"} <= names  # the sweep's own results stay
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["run", "c.yaml", "--out", "o", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+      "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "--speculative-config"),
+    (["run", "c.yaml", "--out", "o", "--llama-cpp-spec", "--draft-max 4", "--llama-cpp-spec=--draft-max 8"],
+     "--llama-cpp-spec"),
+    (["validate", "--vllm-bench", "b.json", "--server", "a.yaml", "--server", "b.yaml", "--out", "o"], "--server"),
+    (["sweep", "s.yaml", "--out", "o", "--out", "p"], "--out"),
+])
+def test_a_single_valued_option_given_twice_is_refused(tmp_path, capsys, monkeypatch, argv, option):
+    # the last --speculative-config won silently
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and not (tmp_path / "o").exists()
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: argument {option}: given twice (expected it once; the last would win silently)")
+
+
+def test_repeatable_options_may_be_repeated(tmp_path):
+    from servesim.cli import build_parser
+
+    argv = ["run", "c.yaml", "--out", "o", "--set", "seed=1", "--set", "seed=2"]
+    assert build_parser(argv)[0].parse_args(argv).overrides == ["seed=1", "seed=2"]
