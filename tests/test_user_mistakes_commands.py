@@ -109,16 +109,22 @@ def test_tune_k_without_speculation_names_the_config_file(tmp_path, capsys):
 
 
 def test_tune_k_says_where_no_k_meets_the_slos(tmp_path, capsys):
-    # the table's k is then the one closest to meeting them, which the output did not say
+    # the table's k is then the one closest to meeting them, which the output did not say; and it exited 0
+    import json
+
     spec = {"method": "eagle", "num_speculative_tokens": 1, "acceptance": {"alpha": 0.6}}
     cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
     base = ["tune-k", str(cfg), "--batch-sizes", "1,2", "--requests-per-client", "2", "--quiet"]
-    assert main([*base, "--slo", "tpot_p99=1e-9", "--out", str(tmp_path / "o")]) == 0
-    note = ("no k meets the SLOs at batch size(s) 1, 2: the k given there is the one closest to meeting them "
-            "(smallest statistic / target)")
-    assert note in capsys.readouterr().out.splitlines()
+    assert main([*base, "--slo", "tpot_p99=1e-9", "--out", str(tmp_path / "o")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "servesim: no k meets the SLOs (tpot_p99=1e-09) at batch size(s) 1, 2: the table's k there is only the "
+        "one closest to meeting them (smallest statistic / target)")
+    # what was found is written all the same
+    assert json.loads((tmp_path / "o" / "tune_k.json").read_text())["slo_unmet_batch_sizes"] == [1, 2]
+    assert (tmp_path / "o" / "tune_k_grid.csv").exists() and (tmp_path / "o" / "tune_k.png").exists()
     assert main([*base, "--slo", "tpot_p99=10", "--out", str(tmp_path / "o2")]) == 0
-    assert "no k meets" not in capsys.readouterr().out
+    assert "no k meets" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "o2" / "tune_k.json").read_text())["slo_unmet_batch_sizes"] == []
 
 
 @pytest.mark.parametrize("change, message", [
