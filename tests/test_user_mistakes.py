@@ -872,3 +872,21 @@ def test_too_many_replicas_advice_names_the_traffic_key_of_the_workload_type(tmp
     assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--set", "deployment.replicas=5000"]) == 2
     err = capsys.readouterr().err
     assert err.rstrip().endswith(f"share of the traffic ({key})") and "rate_scale" not in err
+
+
+def test_validate_checks_every_bench_result_before_announcing_a_run(tmp_path, capsys):
+    # "running empty" was printed before the error of its empty result file; and a second result's mistake
+    # came after the first one's simulation
+    import json
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"completed": 2, "input_lens": [5, 5], "output_lens": [5, 5], "max_concurrency": 1,
+                                "mean_ttft_ms": 10}))
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    server = write_yaml(tmp_path / "min.yaml", {"hardware": "h100-sxm", "model": "llama-3.1-8b"})
+    argv = ["validate", "--vllm-bench", str(good), "--vllm-bench", str(empty), "--server", str(server),
+            "--out", str(tmp_path / "vb")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: {empty}: invalid JSON (Expecting value)\n"
+    assert not (tmp_path / "vb").exists()
