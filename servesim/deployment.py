@@ -281,9 +281,13 @@ MAX_REPLICA_REQUESTS = 2 * 10**7
 arrival (memory and time O(replicas x requests); 2 x 10^7 is a few GB and minutes)."""
 
 
-def check_deployment_size(replicas: int, num_requests: int) -> None:
+TRAFFIC_KEYS = {"trace": "rate_scale", "closed_loop": "concurrency"}
+"""The workload key that sets a workload type's traffic (``rate`` where a type is not listed)."""
+
+
+def check_deployment_size(replicas: int, num_requests: int, workload_type: str) -> None:
     """Refuse a deployment beyond :data:`MAX_REPLICAS` or :data:`MAX_REPLICA_REQUESTS`, in one line, rather
-    than run for hours or out of memory.
+    than run for hours or out of memory; the advice names the traffic key of ``workload_type``.
 
     Raises:
         SettingError: naming ``deployment.replicas``, the workload's size and the limits.
@@ -295,7 +299,7 @@ def check_deployment_size(replicas: int, num_requests: int) -> None:
             f"deployment.replicas: {replicas} replicas of a {num_requests}-request workload; servesim builds every "
             f"replica over the whole workload (memory and time grow with replicas x requests) and simulates at "
             f"most {MAX_REPLICAS:,} replicas and {MAX_REPLICA_REQUESTS:,} replicas x requests: simulate fewer "
-            "replicas with their share of the traffic (workload.rate_scale)"
+            f"replicas with their share of the traffic (workload.{TRAFFIC_KEYS.get(workload_type, 'rate')})"
         )
 
 
@@ -321,7 +325,7 @@ def build_deployment(cfg, folder: Path, root: np.random.SeedSequence):
 
     p = prepare(cfg, folder, root)
     dep = cfg.deployment
-    check_deployment_size(dep.replicas, len(p.workload))
+    check_deployment_size(dep.replicas, len(p.workload), cfg.workload.type)
     info = dict(p.info)
     routing = None
     if dep.router == "prefix_aware":

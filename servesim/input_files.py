@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, RootModel, ValidationError
 
 from servesim.errors import ConfigError
 from servesim.input_models import BOOL_FOR_NUMBER_ERRORS
@@ -287,6 +287,8 @@ def _keys_at(model: type[BaseModel], loc: tuple) -> set[str]:
     (a discriminator) allows it, or all of them. Empty when the location cannot be followed.
     """
     models = [model]
+    if issubclass(model, RootModel):  # a file whose whole content is one model (a workload file): its errors' loc
+        models = _models_in(model.model_fields["root"].annotation)  # starts inside the root
     for part in loc:
         fields = [(m, m.model_fields.get(part) or next((f for f in m.model_fields.values() if f.alias == part), None))
                   for m in models]

@@ -264,10 +264,10 @@ def test_a_deployment_too_large_to_simulate_is_refused_in_one_line(replicas, req
 
     assert (MAX_REPLICAS, MAX_REPLICA_REQUESTS) == (4096, 2 * 10**7)
     if not refused:
-        check_deployment_size(replicas, requests)
+        check_deployment_size(replicas, requests, "poisson")
         return
     with pytest.raises(SettingError) as err:
-        check_deployment_size(replicas, requests)
+        check_deployment_size(replicas, requests, "poisson")
     message = str(err.value)
     assert message.startswith(f"deployment.replicas: {replicas} replicas of a {requests}-request workload; ")
     assert "at most 4,096 replicas and 20,000,000 replicas x requests" in message and "\n" not in message

@@ -91,6 +91,11 @@ def test_heatmap_table_and_parse():
             parse_heatmap(bad)
     with pytest.raises(ConfigError, match="x and y are the same column 'rate'"):  # was drawn against itself
         parse_heatmap("x=rate,y=rate,metric=ttft_s.p99")
+    for axes in ("x=rate,y=seed", "x=replication,y=rate", "x=point_id,y=rate"):  # bookkeeping, not swept
+        with pytest.raises(ConfigError, match=r"^--heatmap: [xy]='\w+' is a bookkeeping column of summary.csv, "
+                                              r"not a swept one \(expected a swept column or variant\)$"):
+            parse_heatmap(f"{axes},metric=ttft_s.p99")
+    assert parse_heatmap("x=rate,y=variant,metric=ttft_s.p99")["y"] == "variant"
     table = heatmap_table(summary_frame(), "rate", "max_num_seqs", "ttft_s.p50", [])
     cell = table[(table["rate"] == 20) & (table["max_num_seqs"] == 32)].iloc[0]
     assert cell["mean"] == pytest.approx(0.01 * 20 + 0.001) and cell["n"] == 3

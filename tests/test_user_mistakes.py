@@ -50,7 +50,10 @@ def test_interrupted_sweep_of_a_changed_grid_removes_the_old_tables(tmp_path, mo
     # the earlier grid's tables would be read by `servesim plot` as this grid's results
     assert not (out / "summary.csv").exists() and not (out / "speedup.csv").exists()
     assert main(["plot", str(out)]) == 2
-    assert "run `servesim sweep` first" in capsys.readouterr().err
+    # was "run `servesim sweep` first": the sweep was run, and sweep.json names its file
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"servesim: error: {out}: the sweep did not finish (no summary.csv): rerun `servesim sweep {sweep} --out {out}` "
+        "to resume")
 
 
 @pytest.mark.parametrize("measure, field", [
@@ -858,3 +861,35 @@ def test_simulate_takes_a_whole_float_seed_as_a_config_does():
     from servesim import simulate
 
     assert simulate(SMALL, seed=4.0).summary == simulate(SMALL, seed=4).summary
+
+
+@pytest.mark.parametrize("workload, key", [
+    ({"type": "poisson", "rate": 1.0}, "workload.rate"),
+    ({"type": "gamma", "rate": 1.0, "cv": 2.0}, "workload.rate"),
+    ({"type": "closed_loop", "concurrency": 4}, "workload.concurrency"),
+])
+def test_too_many_replicas_advice_names_the_traffic_key_of_the_workload_type(tmp_path, capsys, workload, key):
+    # the advice said workload.rate_scale, a key of trace workloads only
+    base = {k: v for k, v in SMALL["workload"].items() if k not in ("type", "rate")}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": {**base, **workload}})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "out"), "--set", "deployment.replicas=5000"]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(f"share of the traffic ({key})") and "rate_scale" not in err
+
+
+def test_validate_checks_every_bench_result_before_announcing_a_run(tmp_path, capsys):
+    # "running empty" was printed before the error of its empty result file; and a second result's mistake
+    # came after the first one's simulation
+    import json
+
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps({"completed": 2, "input_lens": [5, 5], "output_lens": [5, 5], "max_concurrency": 1,
+                                "mean_ttft_ms": 10}))
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    server = write_yaml(tmp_path / "min.yaml", {"hardware": "h100-sxm", "model": "llama-3.1-8b"})
+    argv = ["validate", "--vllm-bench", str(good), "--vllm-bench", str(empty), "--server", str(server),
+            "--out", str(tmp_path / "vb")]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"servesim: error: {empty}: invalid JSON (Expecting value)\n"
+    assert not (tmp_path / "vb").exists()

@@ -109,16 +109,22 @@ def test_tune_k_without_speculation_names_the_config_file(tmp_path, capsys):
 
 
 def test_tune_k_says_where_no_k_meets_the_slos(tmp_path, capsys):
-    # the table's k is then the one closest to meeting them, which the output did not say
+    # the table's k is then the one closest to meeting them, which the output did not say; and it exited 0
+    import json
+
     spec = {"method": "eagle", "num_speculative_tokens": 1, "acceptance": {"alpha": 0.6}}
     cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
     base = ["tune-k", str(cfg), "--batch-sizes", "1,2", "--requests-per-client", "2", "--quiet"]
-    assert main([*base, "--slo", "tpot_p99=1e-9", "--out", str(tmp_path / "o")]) == 0
-    note = ("no k meets the SLOs at batch size(s) 1, 2: the k given there is the one closest to meeting them "
-            "(smallest statistic / target)")
-    assert note in capsys.readouterr().out.splitlines()
+    assert main([*base, "--slo", "tpot_p99=1e-9", "--out", str(tmp_path / "o")]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "servesim: no k meets the SLOs (tpot_p99=1e-09) at batch size(s) 1, 2: the table's k there is only the "
+        "one closest to meeting them (smallest statistic / target)")
+    # what was found is written all the same
+    assert json.loads((tmp_path / "o" / "tune_k.json").read_text())["slo_unmet_batch_sizes"] == [1, 2]
+    assert (tmp_path / "o" / "tune_k_grid.csv").exists() and (tmp_path / "o" / "tune_k.png").exists()
     assert main([*base, "--slo", "tpot_p99=10", "--out", str(tmp_path / "o2")]) == 0
-    assert "no k meets" not in capsys.readouterr().out
+    assert "no k meets" not in capsys.readouterr().err
+    assert json.loads((tmp_path / "o2" / "tune_k.json").read_text())["slo_unmet_batch_sizes"] == []
 
 
 @pytest.mark.parametrize("change, message", [
@@ -138,6 +144,20 @@ def test_a_misspelt_key_is_named_with_the_key_meant(tmp_path, capsys, change, me
     cfg = write_yaml(tmp_path / "c.yaml", config)
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
     assert capsys.readouterr().err == f"servesim: error: {cfg}: {message}\n"
+
+
+@pytest.mark.parametrize("change, message", [
+    # a workload file (its whole content one workload) gave no hint where a run config's workload did
+    ({"num_request": 5}, "num_request: unknown key (did you mean num_requests?)"),
+    ({"type": "closed_loop", "rate": None, "num_requests": None, "concurrency": 2, "num_request": 5},
+     "num_request: unknown key (did you mean num_requests?)"),
+])
+def test_a_misspelt_key_in_a_workload_file_is_named_with_the_key_meant(tmp_path, capsys, change, message):
+    workload = write_yaml(tmp_path / "w.yaml", {key: value for key, value in {**SMALL["workload"], **change}.items()
+                                                if value is not None})
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": "w.yaml"})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {workload}: {message}\n"
 
 
 def test_a_misspelt_sweep_key_is_named_with_the_key_meant(tmp_path, capsys):
@@ -368,3 +388,28 @@ def test_a_plot_that_fails_while_drawing_leaves_no_figure(tmp_path, monkeypatch,
     names = {p.name for p in out.iterdir()}
     assert not names & {"latency_vs_throughput.png", "latency_vs_throughput.csv", "acceptance.png", "speedup.png"}
     assert {"summary.csv", "speedup.csv", "sweep.json", "points"} <= names  # the sweep's own results stay
+
+
+@pytest.mark.parametrize("argv, option", [
+    (["run", "c.yaml", "--out", "o", "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2}',
+      "--speculative-config", '{"method": "ngram", "num_speculative_tokens": 3}'], "--speculative-config"),
+    (["run", "c.yaml", "--out", "o", "--llama-cpp-spec", "--draft-max 4", "--llama-cpp-spec=--draft-max 8"],
+     "--llama-cpp-spec"),
+    (["validate", "--vllm-bench", "b.json", "--server", "a.yaml", "--server", "b.yaml", "--out", "o"], "--server"),
+    (["sweep", "s.yaml", "--out", "o", "--out", "p"], "--out"),
+])
+def test_a_single_valued_option_given_twice_is_refused(tmp_path, capsys, monkeypatch, argv, option):
+    # the last --speculative-config won silently
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2 and not (tmp_path / "o").exists()
+    assert capsys.readouterr().err.splitlines()[-1].endswith(
+        f"error: argument {option}: given twice (expected it once; the last would win silently)")
+
+
+def test_repeatable_options_may_be_repeated(tmp_path):
+    from servesim.cli import build_parser
+
+    argv = ["run", "c.yaml", "--out", "o", "--set", "seed=1", "--set", "seed=2"]
+    assert build_parser(argv)[0].parse_args(argv).overrides == ["seed=1", "seed=2"]

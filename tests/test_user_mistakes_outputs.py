@@ -271,3 +271,21 @@ def test_run_writes_summary_json_last(tmp_path, monkeypatch):
                    "prompt_tokens: {type: fixed, value: 50}, output_tokens: {type: fixed, value: 10}}\n")
     assert cli_main(["run", str(cfg), "--out", str(tmp_path / "o"), "--quiet"]) == 0
     assert written == ["latency.png", "requests.csv", "steps.csv", "summary.json"]
+
+
+def test_a_sweep_rerun_says_which_stored_runs_were_unreadable(tmp_path, capsys):
+    # a truncated or empty stored run was run again silently: "reused 1" without saying why the others ran
+    write_yaml(tmp_path / "base.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "base.yaml", "grid": {"engine.max_num_seqs": [8, 16, 32]}})
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    first, second, _ = sorted((out / "points").iterdir())
+    first.write_text("")
+    second.write_text(second.read_text()[:40])
+    capsys.readouterr()
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    last = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("reused "))
+    assert last.startswith("reused 1 stored run(s)")
+    assert last.endswith(f"; 2 stored run(s) unreadable (points/{first.name}, points/{second.name}): ran them again")
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    assert "unreadable" not in capsys.readouterr().out

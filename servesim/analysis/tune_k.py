@@ -358,6 +358,15 @@ class TuneKResult:
     replications: int = 1
     requests_per_client: int = DEFAULT_REQUESTS_PER_CLIENT
 
+    @property
+    def slo_unmet(self) -> list[int]:
+        """The batch sizes at which no k meets the SLOs (ascending; empty without SLOs): the table's k there is
+        the one closest to meeting them."""
+        if not self.slos:
+            return []
+        ks = self.grid[self.grid["variant"].str.startswith("k=")]
+        return [int(b) for b, g in ks.groupby("batch_size", sort=True) if not g["slo_met"].any()]
+
     def to_json(self) -> dict[str, Any]:
         """JSON-serialisable summary (written as ``tune_k.json``)."""
         return {
@@ -365,6 +374,7 @@ class TuneKResult:
             "objective": "goodput (output tokens/s of points meeting the SLOs)" if self.slos else
                          "output throughput (output tokens/s)",
             "slos": {s.name: s.target_s for s in self.slos},
+            "slo_unmet_batch_sizes": self.slo_unmet,
             "best_k": {str(b): k for b, k in sorted(self.best_k.items())},
             "best_fixed_k": self.best_fixed_k,
             "num_speculative_tokens_per_batch_size": self.table,

@@ -402,15 +402,18 @@ def run_case(lc: LoadedCase) -> CaseResult:
     )
 
 
-def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
-    """Simulate the server on the replayed requests; one :class:`CaseResult`
-    per metric of :data:`servesim.analysis.bench_replay.METRICS` the result holds.
+def bench_case_config(case: BenchCase, case_file: Path, where: str, tmp: Path) -> tuple:
+    """Read and check a bench case's inputs: its result file, the server config and the replayed workload
+    (whose lengths file, if any, goes into ``tmp``).
+
+    Returns:
+        ``(cfg, folder, result, result_path, present, how)``: the validated run config, the folder its paths
+        resolve against, the result object and its path, the measured metrics there, and how it was replayed.
 
     Raises:
         ConfigError: unreadable result or server config, or an invalid setting (one line).
     """
     from servesim.analysis.bench_replay import METRICS, read_bench_result, result_number, replay_workload
-    from servesim.api import simulate
     from servesim.input_files import load_yaml, shown_found
     from servesim.config.models import validate_config
 
@@ -435,10 +438,23 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
             raise ConfigError(f"{path}: expected a mapping of config keys at the top level (got {shown_found(server)})")
         folder = path.resolve().parent
         source = str(path)  # a mistake in the server's file (--server) names that file
+    workload, how = replay_workload(result, str(result_path), tmp)
+    cfg = validate_config({**server, "workload": workload}, source)
+    return cfg, folder, result, result_path, present, how
+
+
+def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
+    """Simulate the server on the replayed requests; one :class:`CaseResult`
+    per metric of :data:`servesim.analysis.bench_replay.METRICS` the result holds.
+
+    Raises:
+        ConfigError: as :func:`bench_case_config`.
+    """
+    from servesim.analysis.bench_replay import METRICS, result_number
+    from servesim.api import simulate
+
     with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:
-        workload, how = replay_workload(result, str(result_path), Path(tmp))
-        data = {**server, "workload": workload}
-        cfg = validate_config(data, source)
+        cfg, folder, result, result_path, present, how = bench_case_config(case, case_file, where, Path(tmp))
         summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
     out = []
     for key, sim_key, unit, factor in METRICS:
@@ -456,8 +472,16 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
 
 
 def run_cases(cases: list[LoadedCase], progress: Any = None) -> list[CaseResult]:
-    """Run every case in order; ``progress(name)`` (if given) is called before each one."""
+    """Run every case in order; ``progress(name)`` (if given) is called before each one, after the inputs of
+    every bench case are checked (a mistake is said before any run is announced).
 
+    Raises:
+        ConfigError: as :func:`bench_case_config` and :func:`run_case`.
+    """
+    for lc in cases:
+        if isinstance(lc.case, BenchCase):
+            with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:
+                bench_case_config(lc.case, lc.file, lc.where, Path(tmp))
     results = []
     for lc in cases:
         if progress is not None:

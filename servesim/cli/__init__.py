@@ -112,6 +112,18 @@ def _available() -> dict[str, tuple[str, str]]:
     return found
 
 
+class StoreOnce(argparse._StoreAction):
+    """argparse's ``store`` (every single-valued option of the commands): refuses the option given twice,
+    where the last value would win silently (``--set`` and ``--slo`` are ``append`` options, repeatable)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        given = namespace.__dict__.setdefault("_options_given", set())
+        if option_string is not None and self.dest in given:
+            raise argparse.ArgumentError(self, "given twice (expected it once; the last would win silently)")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
 def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, object]]:
     parser = argparse.ArgumentParser(
         prog="servesim",
@@ -131,6 +143,8 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     for name, (module_name, help_) in _available().items():
         p = sub.add_parser(name, help=help_, description=help_, epilog=_epilog(name),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
+        p.register("action", None, StoreOnce)  # the default action
+        p.register("action", "store", StoreOnce)
         if wanted is None or wanted == name:
             module = importlib.import_module(module_name)
             module.add_arguments(p)

@@ -64,7 +64,8 @@ def read_sweep_dir(folder: Path) -> SweepTables:
     """The tables and manifest of a sweep folder.
 
     Raises:
-        ConfigError: ``summary.csv`` or ``sweep.json`` missing or unreadable (one line naming the file).
+        ConfigError: ``summary.csv`` or ``sweep.json`` missing or unreadable (one line naming the file; an
+            interrupted sweep, with its ``sweep.json`` and no ``summary.csv``, with the command that resumes it).
     """
     import pandas as pd
 
@@ -80,6 +81,16 @@ def read_sweep_dir(folder: Path) -> SweepTables:
                 raise ConfigError(f"{folder}: holds the results of `servesim {command}` ({', '.join(found)}), not "
                                   f"of a sweep: plot draws a `servesim sweep` folder (`servesim {command}` draws "
                                   "its own figures)")
+        if meta_path.is_file():  # the sweep's manifest is written first, its summary last
+            import shlex
+
+            try:
+                source = str(json.loads(meta_path.read_text(encoding="utf-8"))["source"])
+            except (OSError, ValueError, KeyError, TypeError):
+                source = "SWEEP.yaml"
+            source = source if source.endswith((".yaml", ".yml")) else "SWEEP.yaml"  # "sweep": one made in Python
+            raise ConfigError(f"{folder}: the sweep did not finish (no summary.csv): rerun `servesim sweep "
+                              f"{shlex.quote(source)} --out {shlex.quote(str(folder))}` to resume")
     try:
         summary = pd.read_csv(summary_path)
     except (OSError, ValueError) as exc:

@@ -4,7 +4,7 @@ Runs a sweep resumably (rerun the same command after an interruption to finish i
 ``DIR/summary.csv`` (and ``DIR/speedup.csv`` with a ``baseline``). Exit status 1 when any run failed
 (listed in ``DIR/failures.csv``). It prints the number of runs first, and refuses more than
 :data:`MAX_RUNS_WITHOUT_YES` of them without ``--yes``; at the end it says how many stored runs it
-reused (same resolved inputs) and what changed for those it ran again.
+reused (same resolved inputs) and what changed for those it ran again (or that they were unreadable).
 """
 
 from __future__ import annotations
@@ -75,10 +75,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def reuse_line(result) -> str:
-    """One line: how many stored runs were reused, and how many were run again because what changed."""
+    """One line: how many stored runs were reused, and how many were run again because what changed or because
+    they were unreadable."""
     line = (f"reused {result.num_skipped} stored run(s) with unchanged inputs (run config, seed, cards, files, "
             "servesim version and source)")
     if result.num_stale:
         why = ", ".join(f"{what} ({n})" for what, n in sorted(result.stale.items(), key=lambda kv: -kv[1]))
         line += f"; ran {result.num_stale} stored run(s) again because their inputs changed: {why}"
+    if result.unreadable:
+        names = ", ".join(result.unreadable[:3]) + (" ..." if len(result.unreadable) > 3 else "")
+        line += f"; {len(result.unreadable)} stored run(s) unreadable ({names}): ran them again"
     return line

@@ -10,13 +10,15 @@ Prints the best k per batch size and the ``--speculative-config`` JSON to paste 
 ``DIR/tune_k.json`` (that JSON and the tuning's summary), ``DIR/tune_k_grid.csv`` (every batch size x k:
 replication means), ``DIR/tune_k_check.csv`` (tuned vs best fixed k vs no speculation per batch size) and
 ``DIR/tune_k.png`` with its data ``DIR/tune_k.csv`` (output throughput against batch size, three lines, and
-the ratio to no speculation).
+the ratio to no speculation). Exit status 1 when no k meets the ``--slo`` targets at some batch size (said
+in the last line; the files are written all the same).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from servesim.cli import COMMAND_OUTPUTS
@@ -70,7 +72,8 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Tune, print and write the outputs; returns 0.
+    """Tune, print and write the outputs; returns 0, or 1 when no k meets the SLOs at some batch size (the
+    outputs are written all the same).
 
     Raises:
         ConfigError: invalid config or option (one line).
@@ -108,6 +111,12 @@ def run(args: argparse.Namespace) -> int:
     print(format_result(result))
     print(f"wrote {out / 'tune_k.json'}, {out / 'tune_k_grid.csv'}, {out / 'tune_k_check.csv'}, "
           f"{out / 'tune_k.png'}, {out / 'tune_k.csv'}")
+    if result.slo_unmet:  # the table is then no answer to the question asked: say so last, and exit 1
+        slos = ", ".join(f"{s.name}={s.target_s:g}" for s in result.slos)
+        print(f"servesim: no k meets the SLOs ({slos}) at batch size(s) {', '.join(map(str, result.slo_unmet))}: "
+              "the table's k there is only the one closest to meeting them (smallest statistic / target)",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -123,12 +132,6 @@ def format_result(result) -> str:
                      f"{r['none_output_throughput']:11.1f} {r['fixed_output_throughput']:11.1f} "
                      f"{r['tuned_output_throughput']:11.1f} {r['tuned_vs_fixed']:11.3f} {r['tuned_vs_none']:10.3f}")
     lines.append(f"best fixed k: {result.best_fixed_k}; table boundaries: {result.boundary}")
-    if result.slos:
-        ks = result.grid[result.grid["variant"].str.startswith("k=")]
-        unmet = [int(b) for b, g in ks.groupby("batch_size", sort=True) if not g["slo_met"].any()]
-        if unmet:  # the table's k there meets nothing: say so, not only in tune_k_grid.csv
-            lines.append(f"no k meets the SLOs at batch size(s) {', '.join(map(str, unmet))}: the k given there is "
-                         "the one closest to meeting them (smallest statistic / target)")
     if result.vllm_config is None:
         lines.append("speculation does not pay at any batch size tried: run vLLM without --speculative-config")
     else:

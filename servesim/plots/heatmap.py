@@ -31,11 +31,19 @@ def wrap_at_commas(text: str, width: int) -> str:
     return ",\n".join(lines)
 
 
+NOT_SWEPT = ("replication", "seed", "point_id")
+"""summary.csv's bookkeeping columns that no heatmap has as an axis (the variants are swept: ``variant`` is one)."""
+
+BOOKKEEPING = ("variant", *NOT_SWEPT)
+"""summary.csv's bookkeeping columns, which no heatmap colours by."""
+
+
 def parse_heatmap(text: str) -> dict[str, str]:
     """Parse ``x=KEY,y=KEY,metric=COL`` into ``{"x", "y", "metric"}``.
 
     Raises:
-        ConfigError: a missing or unknown part, or x and y the same column (one line).
+        ConfigError: a missing or unknown part, x and y the same column, or a bookkeeping column as x or y
+            (one line).
     """
     parts = {}
     for item in text.split(","):
@@ -47,6 +55,10 @@ def parse_heatmap(text: str) -> dict[str, str]:
         raise ConfigError(f"--heatmap: expected exactly x=, y= and metric= (got {text!r})")
     if parts["x"] == parts["y"]:
         raise ConfigError(f"--heatmap: x and y are the same column {parts['x']!r} (expected two swept columns)")
+    for role in ("x", "y"):
+        if parts[role] in NOT_SWEPT:
+            raise ConfigError(f"--heatmap: {role}={parts[role]!r} is a bookkeeping column of summary.csv, not a "
+                              "swept one (expected a swept column or variant)")
     return parts
 
 
@@ -60,16 +72,14 @@ def heatmap_columns(summary: pd.DataFrame, x: str, y: str, metric: str) -> None:
     for role, col in (("x", x), ("y", y)):
         if col not in summary.columns:
             raise ConfigError(f"--heatmap: {role}={col!r} is not a column of summary.csv")
-    # summary.csv's bookkeeping columns, which no heatmap colours by
-    bookkeeping = ("variant", "replication", "seed", "point_id")
     if metric not in summary.columns:
-        known = [c for c in summary.columns if c not in (*bookkeeping, x, y)]
+        known = [c for c in summary.columns if c not in (*BOOKKEEPING, x, y)]
         raise ConfigError(f"--heatmap: metric={metric!r} is not a column of summary.csv "
                           f"(e.g. {', '.join(known[:6])})")
-    if metric in bookkeeping or not pd.api.types.is_numeric_dtype(summary[metric]):
+    if metric in BOOKKEEPING or not pd.api.types.is_numeric_dtype(summary[metric]):
         # a text column has no mean to colour a cell with, a replication or seed number none that means anything
         numeric = [c for c in summary.columns if pd.api.types.is_numeric_dtype(summary[c])
-                   and c not in (*bookkeeping, x, y)]
+                   and c not in (*BOOKKEEPING, x, y)]
         raise ConfigError(f"--heatmap: metric={metric!r} is not a metric of summary.csv (expected a numeric "
                           f"column, e.g. {', '.join(numeric[:6])})")
 

@@ -29,7 +29,7 @@ from servesim.sweep.executors import check_executor, open_executor
 from servesim.sweep.inputs import InputResolver, RunInputs
 from servesim.sweep.points import Point, count_points, iter_points, point_config, task_seed
 from servesim.sweep.spec import LoadedSweep, SweepConfig, load_sweep, resolve_sweep
-from servesim.sweep.store import read_result, read_stored, to_jsonable, write_result
+from servesim.sweep.store import point_path, read_result, read_stored, to_jsonable, write_result
 from servesim.sweep.tables import SPEEDUP_METRIC, speedup_frame, summary_frame, write_csv
 
 Simulate = Callable[..., Any]
@@ -101,6 +101,8 @@ class SweepResult:
         stale: why stored runs were run again: what changed (``"seed"``, ``"hardware/model card"``,
             ``"file PATH"``, ...) -> number of runs.
         num_stale: stored runs whose inputs changed, run again by this invocation.
+        unreadable: stored runs that could not be read (empty, truncated, not a run record), run again by
+            this invocation: their files, relative to ``out_dir``.
     """
 
     out_dir: Path
@@ -112,6 +114,7 @@ class SweepResult:
     failures: list[Failure] = field(default_factory=list)
     stale: dict[str, int] = field(default_factory=dict)
     num_stale: int = 0
+    unreadable: list[str] = field(default_factory=list)
 
     @property
     def exit_status(self) -> int:
@@ -327,6 +330,7 @@ def run_sweep(
     num_runs = count_runs(loaded)[1]
     failures: list[Failure] = []
     stale: dict[str, int] = {}
+    unreadable: list[str] = []
     counts = {"reused": 0, "run": 0, "stale": 0}
     base_dir = str(loaded.base_dir)
     bar = tqdm(total=num_runs, disable=not show, unit="run", desc="sweep")
@@ -342,6 +346,8 @@ def run_sweep(
                 counts["stale"] += 1
                 for what in task.inputs.differences(record.get("inputs")):
                     stale[what] = stale.get(what, 0) + 1
+            elif (path := point_path(out, task.point.point_id, task.replication)).exists():
+                unreadable.append(str(path.relative_to(out)))
             counts["run"] += 1
             yield task
 
@@ -412,7 +418,7 @@ def run_sweep(
             speedup = speedup_frame(loaded, summary)
             write_csv(speedup, out / "speedup.csv")
     return SweepResult(out, summary, speedup, num_runs, counts["reused"], counts["run"], failures, stale,
-                       counts["stale"])
+                       counts["stale"], unreadable)
 
 
 def _window(jobs: int) -> int:
