@@ -5,11 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
+import simpy
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from engine_helpers import realistic_step_model, run_engine
+from engine_helpers import flat_step_model, realistic_step_model, run_engine
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
 from servesim.roofline import PS_PER_S
@@ -218,3 +220,40 @@ def test_speculation_keeps_tokens_and_modes_agree(c):
         np.testing.assert_array_equal(getattr(r, name), getattr(step.output.requests, name))
     assert run.output.spec_counters == step.output.spec_counters
     assert (run.output.steps.kv_blocks_used <= c["blocks"]).all()
+
+
+def _kv_limited_engine() -> Engine:
+    """Two requests of 16 prompt and 40 output tokens arriving at 0 on 4 usable 16-token blocks (5 with
+    vLLM's null block), run mode, 10 ms steps. Step 0 prefills both (one block each, 2 left); from step 1
+    the decoders' first finish is 39 steps away but 2 free blocks cover only 16 decode steps (tokens 17-32
+    of each), so the run's length is cut by ``_max_decode_steps(1, 2)``."""
+    return Engine(prompt_tokens=np.array([16, 16]), output_tokens=np.array([40, 40]),
+                  arrivals=ArrivalSource(times=[0, 0], num_requests=2), step_time=flat_step_model(0.01),
+                  kv_blocks_total=5, block_size=16, max_num_seqs=8, max_num_batched_tokens=8192, mode="run")
+
+
+def test_a_plain_decode_run_of_no_steps_is_an_internal_error_not_a_hang():
+    # the guard of PlainDecoding.run: a broken step count (< 1) would loop without advancing the clock.
+    # The strategy's method is overridden on the instance (compiled or interpreted, the run looks it up there)
+    calls = []
+    engine = _kv_limited_engine()
+    real = engine.decoding._max_decode_steps
+
+    def spy(g, free):
+        calls.append((g, free, real(g, free)))
+        return calls[-1][2]
+
+    engine.decoding._max_decode_steps = spy
+    env = simpy.Environment()
+    env.process(engine.process(env))
+    env.run()
+    assert calls[0] == (1, 2, 16)  # the KV cache limits the first decode run (then preemptions, later runs)
+    assert engine.output().steps.num_steps.tolist()[:2] == [1, 16]
+
+    engine = _kv_limited_engine()
+    engine.decoding._max_decode_steps = lambda g, free: 0
+    env = simpy.Environment()
+    env.process(engine.process(env))
+    with pytest.raises(RuntimeError, match=r"^servesim internal error: a decode run of 0 steps from step 1$"):
+        env.run()
+    assert engine.now == 10 * 10**9  # the prefill step's 10 ms (ps): the failed run advanced nothing
