@@ -73,6 +73,19 @@ def test_curves_of_a_large_sweep_keep_distinct_styles_and_single_runs_claim_no_b
     assert "bands: 95% CI over replications" in (tmp_path / "d.svg").read_text()
 
 
+def test_where_a_speedup_curve_lies_below_one_in_words():
+    from servesim.plots.curves import where_below_one
+
+    assert where_below_one([5, 10, 20, 40], [1.5, 1.2, 0.9, 0.8], "b") == ("above b = 16.7", pytest.approx(50 / 3))
+    assert where_below_one([1, 2, 3], [1.5, 1.2, 1.0], "b") == ("", None)  # 1 is not below 1
+    # below 1 from the start: it hurts everywhere (it had read "never hurts"), or below where it reaches 1
+    assert where_below_one([1, 32, 128, 256], [0.31, 0.30, 0.23, 0.16], "b") == ("everywhere in the range", None)
+    assert where_below_one([1, 32, 128, 256], [0.42, 0.5, 0.9, 1.72], "b") == ("below b = 144", pytest.approx(
+        128 + 0.1 / 0.82 * 128))
+    assert where_below_one([1, 2, 3, 4], [0.5, 1.5, 1.5, 0.5], "b", digits=4) == ("below b = 1.5 and above b = 3.5",
+                                                                                   1.5)
+
+
 def test_heatmap_panel_titles_wrap_at_their_separators():
     from servesim.plots.heatmap import wrap_at_commas
 
@@ -152,6 +165,20 @@ def test_plot_says_when_every_throughput_ratio_is_within_one_percent(tmp_path, c
                                                                                           index=False)
     assert main(["plot", str(sweep)]) == 0
     assert "agree within" not in capsys.readouterr().out
+
+
+def test_plot_says_speculation_hurts_everywhere_when_every_speedup_is_below_one(tmp_path, capsys):
+    from servesim.cli import main
+
+    sweep = tmp_path / "sweep"
+    write_sweep_dir(sweep, speedup=False)
+    pd.DataFrame({"rate": [5, 10, 20], "max_num_seqs": [32] * 3, "plain_output_throughput": [1.0] * 3,
+                  "spec_output_throughput": [0.31, 0.3, 0.23], "speedup": [0.31, 0.3, 0.23]}).to_csv(
+        sweep / "speedup.csv", index=False)
+    assert main(["plot", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "speculation hurts everywhere in the range" in out and "never" not in out
+    assert "speculation hurts everywhere in the range" in (sweep / "speedup.svg").read_text()
 
 
 def test_plot_against_a_swept_column_of_text_is_refused_before_any_figure_is_touched(tmp_path, capsys):

@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from servesim.analysis.capacity import parse_slos
     from servesim.errors import ConfigError
-    from servesim.plots.curves import THROUGHPUT_AXES, axis_labels, plot_latency_curves, plot_speedup
+    from servesim.plots.curves import THROUGHPUT_AXES, axis_labels, plot_latency_curves, plot_speedup, where_below_one
     from servesim.atomic import prepare_output_dir, remove_stale
     from servesim.plots.heatmap import heatmap_columns, parse_heatmap, plot_heatmap
 
@@ -146,8 +146,7 @@ def run(args: argparse.Namespace) -> int:
         numeric = [c for c in columns if _numeric(summary, c)]
         raise ConfigError(f"--x: the swept column {args.x!r} holds text ({_first_text(summary, args.x)!r}, ...), "
                           "and the x axis needs numbers: give a throughput (" + ", ".join(THROUGHPUT_AXES)
-                          + ") or a numeric swept column" + (f" ({', '.join(numeric)})" if numeric else "")
-                          + f", with --along {args.x} to draw one curve point per value")
+                          + ") or a numeric swept column" + (f" ({', '.join(numeric)})" if numeric else ""))
     for h in heatmaps:  # every check before the first figure is written
         heatmap_columns(summary, h["x"], h["y"], h["metric"])
     if args.out is not None and Path(args.out).resolve() != Path(args.dir).resolve():
@@ -184,15 +183,14 @@ def run(args: argparse.Namespace) -> int:
                 hurts, never = (("speculation hurts", "speculation never hurts") if speculative else
                                 (f"throughput below {baseline}'s", f"throughput never below {baseline}'s"))
                 for group, g in table.groupby("group", sort=False):
-                    value = float(g["crossover"].iloc[0])
-                    print(f"{group}: " + (f"{hurts} above {sp_along} = {value:.4g}" if value == value
-                                          else f"{never} in the range"))
+                    where, _ = where_below_one(g[sp_along], g["speedup"], sp_along, digits=4)
+                    print(f"{group}: " + (f"{hurts} {where}" if where else f"{never} in the range"))
                 ratios = table["speedup"].dropna()
                 if len(ratios) and (ratios - 1).abs().max() < SAME_THROUGHPUT:
-                    print(f"note: the output throughputs agree within {SAME_THROUGHPUT:.0%} everywhere: under "
+                    print(f"note: the output throughputs agree within {SAME_THROUGHPUT:.0%} everywhere: with "
                           "open-loop arrivals (a rate, a trace) below saturation the throughput is the offered "
-                          "load whatever the variant; compare latencies (latency_vs_throughput.png: TTFT, TPOT) "
-                          "or sweep a closed loop (workload.concurrency)")
+                          "load whatever the variant; compare their latencies (latency_vs_throughput.png: TTFT, "
+                          "TPOT)")
         from servesim.plots.acceptance import acceptance_table, plot_acceptance
 
         accept = acceptance_table(summary, ["variant"] if summary["variant"].nunique() > 1 else [])

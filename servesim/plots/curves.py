@@ -230,6 +230,32 @@ def crossover(xs, speedup) -> float | None:
     return None
 
 
+def where_below_one(xs, speedup, along: str, digits: int = 3) -> tuple[str, float | None]:
+    """Where a speedup curve lies below 1, in words, and the x it first crosses 1 at (None if it never does).
+
+    ``"above {along} = X"`` (it starts at >= 1 and falls below at X, :func:`crossover`), ``"below {along} =
+    X"`` (it starts below 1 and reaches 1 at X; ``"... and above ... = Y"`` if it falls again at Y),
+    ``"everywhere in the range"`` (every point below 1), ``""`` (no point below 1). X by linear
+    interpolation, shown to ``digits`` significant digits.
+    """
+    xs = np.asarray(xs, dtype=np.float64)
+    sp = np.asarray(speedup, dtype=np.float64)
+    ok = np.isfinite(xs) & np.isfinite(sp)
+    xs, sp = xs[ok], sp[ok]
+    if not len(sp) or (sp >= 1).all():
+        return "", None
+    if sp[0] >= 1:
+        x_cross = crossover(xs, sp)
+        return f"above {along} = {x_cross:.{digits}g}", x_cross
+    if (sp < 1).all():
+        return "everywhere in the range", None
+    i = int(np.argmax(sp >= 1))  # the first point at >= 1, after points below
+    x_up = float(xs[i - 1] + (1 - sp[i - 1]) * (xs[i] - xs[i - 1]) / (sp[i] - sp[i - 1]))
+    text = f"below {along} = {x_up:.{digits}g}"
+    x_down = crossover(xs[i:], sp[i:])
+    return (text + (f" and above {along} = {x_down:.{digits}g}" if x_down is not None else "")), x_up
+
+
 def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | None = None, *,
                  speculative: bool | None = None, baseline: str = "baseline") -> pd.DataFrame:
     """``speedup.png/.svg`` and ``speedup_curve.csv``: each variant's throughput over the baseline's.
@@ -241,8 +267,8 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
     ("speculation hurts above X"); otherwise a ratio to ``baseline`` (the variant's name), worded so.
 
     Returns:
-        The table written: ``group``, group columns, ``along``, ``speedup``, ``crossover`` (per group, NaN
-        if the speedup never falls below 1 in the range).
+        The table written: ``group``, group columns, ``along``, ``speedup``, ``crossover`` (per group: the x
+        where the speedup first crosses 1, :func:`where_below_one`; NaN if it never does).
 
     Raises:
         ValueError: ``along`` is not a numeric column of ``speedup``.
@@ -264,15 +290,17 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
     fig, ax = plt.subplots(figsize=(6.5, 4.3))
     rows = []
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    grouped = data.groupby(group_cols, sort=False, dropna=False) if group_cols else [((), data)]
-    for gi, (key, g) in enumerate(grouped):
-        key = key if isinstance(key, tuple) else (key,)
+    grouped = list(data.groupby(group_cols, sort=False, dropna=False)) if group_cols else [((), data)]
+    keys = [key if isinstance(key, tuple) else (key,) for key, _ in grouped]
+    styles = curve_styles([group_label(dict(zip(group_cols, key))) for key in keys], colors)
+    for key, (_, g) in zip(keys, grouped):
         group = group_label(dict(zip(group_cols, key)))
         g = g.sort_values(along)
-        x_cross = crossover(g[along], g["speedup"])
-        c = colors[gi % len(colors)]
-        text = (f"{hurts} above {along} = {x_cross:.3g}" if x_cross is not None else f"never {never} in the range")
-        ax.plot(g[along], g["speedup"], "o-", color=c, label=text if group == "all" else f"{group}: {text}")
+        where, x_cross = where_below_one(g[along], g["speedup"], along)
+        c, marker = styles[group]
+        text = f"{hurts} {where}" if where else f"never {never} in the range"
+        ax.plot(g[along], g["speedup"], marker=marker, linestyle="-", color=c,
+                label=text if group == "all" else f"{group}: {text}")
         if x_cross is not None:
             ax.axvline(x_cross, color=c, linestyle=":", linewidth=1)
         for _, r in g.iterrows():
