@@ -289,3 +289,30 @@ def test_a_sweep_rerun_says_which_stored_runs_were_unreadable(tmp_path, capsys):
     assert last.endswith(f"; 2 stored run(s) unreadable (points/{first.name}, points/{second.name}): ran them again")
     assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
     assert "unreadable" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("damage", [
+    lambda record: record.update(summary="oops"),  # the tables' flattening raised AttributeError
+    lambda record: record["summary"].update(output_throughput="abc"),  # speedup.csv raised ValueError
+    lambda record: record.update(summary={"num_requests": 1}),  # was reused: an empty row, a lost speedup
+    lambda record: record.update(seed="7"),
+])
+def test_a_stored_run_edited_into_another_shape_is_unreadable_and_run_again(tmp_path, capsys, damage):
+    import json
+
+    write_yaml(tmp_path / "base.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "base.yaml", "grid": {"engine.max_num_seqs": [8, 16]},
+                                             "variants": {"a": {}, "b": {"engine.max_num_batched_tokens": 4096}},
+                                             "baseline": "a"})
+    out = tmp_path / "out"
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    tables = {name: (out / name).read_bytes() for name in ("summary.csv", "speedup.csv")}
+    first = sorted((out / "points").iterdir())[0]
+    record = json.loads(first.read_text())
+    damage(record)
+    first.write_text(json.dumps(record))
+    capsys.readouterr()
+    assert main(["sweep", str(sweep), "--out", str(out), "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert f"1 stored run(s) unreadable (points/{first.name})" in captured.out and "Traceback" not in captured.err
+    assert {name: (out / name).read_bytes() for name in tables} == tables  # the run again, the same tables

@@ -70,7 +70,18 @@ def read_stored(out_dir: Path, point_id: str, replication: int) -> dict[str, Any
         record = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return record if isinstance(record, dict) and "summary" in record else None
+    return record if _is_run_record(record) else None
+
+
+def _is_run_record(record: Any) -> bool:
+    """Whether parsed JSON is a run's record as :func:`write_result` writes it: a mapping with an integer
+    ``seed`` and a ``summary`` mapping whose ``output_throughput`` (tokens/s) is a number (an edited or
+    damaged file that parses is no record: the tables would break on it, or lose its row)."""
+    if not isinstance(record, dict) or not isinstance(record.get("summary"), dict):
+        return False
+    seed, throughput = record.get("seed"), record["summary"].get("output_throughput")
+    return (isinstance(seed, int) and not isinstance(seed, bool)
+            and isinstance(throughput, (int, float)) and not isinstance(throughput, bool))
 
 
 def read_result(out_dir: Path, point_id: str, replication: int, digest: str) -> dict[str, Any] | None:
