@@ -397,6 +397,8 @@ def test_a_plot_that_fails_while_drawing_leaves_no_figure(tmp_path, monkeypatch,
      "--llama-cpp-spec"),
     (["validate", "--vllm-bench", "b.json", "--server", "a.yaml", "--server", "b.yaml", "--out", "o"], "--server"),
     (["sweep", "s.yaml", "--out", "o", "--out", "p"], "--out"),
+    # a subcommand's subcommand (argparse builds it of its parent's parser class)
+    (["acceptance", "ngram", "--input", "p.jsonl", "--k", "3", "--k", "2", "--out", "o"], "--k"),
 ])
 def test_a_single_valued_option_given_twice_is_refused(tmp_path, capsys, monkeypatch, argv, option):
     # the last --speculative-config won silently

@@ -124,6 +124,16 @@ class StoreOnce(argparse._StoreAction):
         super().__call__(parser, namespace, values, option_string)
 
 
+class CommandParser(argparse.ArgumentParser):
+    """The parser of a command and of its subcommands (``acceptance ngram``, ...: argparse makes those of a
+    parser's own class): single-valued options use :class:`StoreOnce`."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, StoreOnce)  # the default action
+        self.register("action", "store", StoreOnce)
+
+
 def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, object]]:
     parser = argparse.ArgumentParser(
         prog="servesim",
@@ -134,7 +144,7 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     from servesim import __version__
 
     parser.add_argument("--version", action="version", version=f"servesim {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     sub.required = True
     modules: dict[str, object] = {}
     wanted = None
@@ -143,8 +153,6 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     for name, (module_name, help_) in _available().items():
         p = sub.add_parser(name, help=help_, description=help_, epilog=_epilog(name),
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-        p.register("action", None, StoreOnce)  # the default action
-        p.register("action", "store", StoreOnce)
         if wanted is None or wanted == name:
             module = importlib.import_module(module_name)
             module.add_arguments(p)
