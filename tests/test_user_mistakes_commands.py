@@ -245,6 +245,11 @@ def test_capacity_shows_small_rates_in_significant_digits():
     lines = format_result(search.max_rate(), search).splitlines()
     assert lines[1].split()[:2] == ["0.0002441", "1"] and lines[-3].split()[:2] == ["2", "1"]
     assert lines[-1] == "capacity: 0.0002975 requests/s (within 5%)"
+    # the replica search's answer gives its target rate as the table does (it read 1234.57 beside 1235)
+    search = CapacitySearch(poisson_cfg(), Path("."), [parse_slo("itl_p99=0.1")], replications=1,
+                            simulate=FakeSimulate())
+    lines = format_result(search.min_replicas(1234.5678, max_replicas=256), search).splitlines()
+    assert lines[1].split()[0] == "1235" and lines[-1] == "fewest replicas for 1235 requests/s: 124"
 
 
 def test_check_draft_names_both_vocabularies_values(tmp_path, capsys):

@@ -142,8 +142,8 @@ def format_result(result, search) -> str:
         rate = result.evaluations[0].rate if result.evaluations else float("nan")
         most = max((ev.replicas for ev in result.evaluations), default=0)
         answer = (f"no replica count up to {most} (the most tried; raise --max-replicas to look further) serves "
-                  f"{rate:g} requests/s" if result.capacity is None
-                  else f"fewest replicas for {rate:g} requests/s: {result.capacity}")
+                  f"{rate:.4g} requests/s" if result.capacity is None
+                  else f"fewest replicas for {rate:.4g} requests/s: {result.capacity}")
     lines.append(f"SLOs: {targets}{share}; {result.replications} replication(s) per point")
     lines.append(answer)
     burst = _burst_note(result)
