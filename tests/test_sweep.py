@@ -601,6 +601,10 @@ def test_command_exit_status_one_on_failure(tmp_path, monkeypatch, capsys):
     assert command.run(parse([str(path), "--out", str(tmp_path / "out"), "--no-progress", "--jobs", "2"])) == 1
     err = capsys.readouterr().err
     assert "12 run(s) failed" in err and "failures.csv" in err
+    first = pd.read_csv(tmp_path / "out" / "failures.csv", dtype=str).iloc[0]
+    # the first failure is named by its variant and point (a variant's error alone did not say whose)
+    assert (f"(first: variant 'eagle', point {first['point_id']}: ValueError: boom: verification overflow"
+            in err) and first["variant"] == "eagle"
 
 
 def test_cli_reports_bad_sweep_as_one_line(tmp_path, capsys):

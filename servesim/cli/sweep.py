@@ -68,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     if result.failures:
         print(
             f"servesim: {len(result.failures)} run(s) failed; see {result.out_dir / 'failures.csv'} "
-            f"(first: {result.failures[0].error})",
+            f"(first: variant {result.failures[0].variant!r}, point {result.failures[0].point_id}: "
+            f"{result.failures[0].error})",
             file=sys.stderr,
         )
     return result.exit_status

@@ -127,10 +127,13 @@ def format_result(result) -> str:
              f"{result.requests_per_client} requests per client):"]
     lines.append(f"{'batch':>6} {'best k':>6} {'none tok/s':>11} {f'k={result.best_fixed_k} tok/s':>11} "
                  f"{'tuned tok/s':>11} {'tuned/fixed':>11} {'tuned/none':>10}")
+    unmet = set(result.slo_unmet)
     for _, r in result.check.iterrows():
-        lines.append(f"{int(r['batch_size']):6d} {result.best_k[int(r['batch_size'])]:6d} "
+        batch = int(r["batch_size"])
+        lines.append(f"{batch:6d} {result.best_k[batch]:6d} "
                      f"{r['none_output_throughput']:11.1f} {r['fixed_output_throughput']:11.1f} "
-                     f"{r['tuned_output_throughput']:11.1f} {r['tuned_vs_fixed']:11.3f} {r['tuned_vs_none']:10.3f}")
+                     f"{r['tuned_output_throughput']:11.1f} {r['tuned_vs_fixed']:11.3f} {r['tuned_vs_none']:10.3f}"
+                     + ("  no k meets the SLOs" if batch in unmet else ""))
     lines.append(f"best fixed k: {result.best_fixed_k}; table boundaries: {result.boundary}")
     if result.vllm_config is None:
         lines.append("speculation does not pay at any batch size tried: run vLLM without --speculative-config")
