@@ -25,27 +25,27 @@ def _brute(c: float, temperature: float, pi: float, lam: float) -> tuple[float, 
     return float(ratio), float(match)
 
 
+def _check_against_brute_force(pi, lam, temperatures, rules):
+    """Each closed form of ``rules`` equals the brute-force sum at draft concentrations 0.3 and 0.9."""
+    kw = {"target_top_probability": pi, "draft_sharpness": lam}
+    for c in (0.3, 0.9):
+        for t in temperatures:
+            brute = dict(zip(("ratio", "match"), _brute(c, t, pi, lam)))
+            for rule in rules:
+                assert acceptance_at_temperature(c, t, rule, **kw) == pytest.approx(brute[rule], abs=1e-9)
+
+
 @pytest.mark.parametrize("pi", [0.5, 0.75, 0.95])
 @pytest.mark.parametrize("lam", [1.0, 1.5, 3.0])
 def test_closed_forms_match_brute_force(pi, lam):
-    for c in (0.3, 0.9):
-        for t in (0.3, 1.0, 2.0):
-            ratio, match = _brute(c, t, pi, lam)
-            kw = {"target_top_probability": pi, "draft_sharpness": lam}
-            assert acceptance_at_temperature(c, t, "ratio", **kw) == pytest.approx(ratio, abs=1e-9)
-            assert acceptance_at_temperature(c, t, "match", **kw) == pytest.approx(match, abs=1e-9)
-
+    _check_against_brute_force(pi, lam, (0.3, 1.0, 2.0), ("ratio", "match"))
 
 
 @pytest.mark.parametrize("pi, lam", [(0.2, 1.5), (0.1, 2.0)])
 def test_closed_forms_match_brute_force_where_the_overlap_crosses_deep_in_the_ranks(pi, lam):
     # a flat target (top probability 0.1-0.2) at T >= 1: the draft's sharper distribution falls below the
     # target's only after rank 4 to 26, so the disagree overlap has its middle part r^2 - r^J (J > 2)
-    for c in (0.3, 0.9):
-        for t in (1.0, 2.0, 4.0):
-            ratio, _ = _brute(c, t, pi, lam)
-            kw = {"target_top_probability": pi, "draft_sharpness": lam}
-            assert acceptance_at_temperature(c, t, "ratio", **kw) == pytest.approx(ratio, abs=1e-9)
+    _check_against_brute_force(pi, lam, (1.0, 2.0, 4.0), ("ratio",))
 
 
 def test_zero_temperature_is_greedy():
