@@ -278,14 +278,10 @@ class Router:
         if self.policy == "least_outstanding":
             return _lowest(self._outstanding(t_ps))
         if self.policy == "shortest_queue":
-            queues = self._queue_lengths()
-            shortest = min(queues)
-            if queues.count(shortest) == 1:
-                return queues.index(shortest)
-            # ties (below saturation every queue is empty) go to the fewest unfinished requests, then the
-            # lowest index: the lowest index alone sent nearly every request to replica 0
-            outstanding = self._outstanding(t_ps)
-            return min((j for j in range(self.num_replicas) if queues[j] == shortest), key=outstanding.__getitem__)
+            # ties of queues (below saturation every queue is empty) go to the fewest unfinished requests, then
+            # the lowest index: the lowest index alone sent nearly every request to replica 0
+            queues, outstanding = self._queue_lengths(), self._outstanding(t_ps)
+            return min(range(self.num_replicas), key=lambda j: (queues[j], outstanding[j]))
         return self._choose_prefix_aware(request, t_ps)
 
     def _outstanding(self, t_ps: int) -> list[int]:

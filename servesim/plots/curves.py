@@ -292,9 +292,9 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     grouped = list(data.groupby(group_cols, sort=False, dropna=False)) if group_cols else [((), data)]
     keys = [key if isinstance(key, tuple) else (key,) for key, _ in grouped]
-    styles = curve_styles([group_label(dict(zip(group_cols, key))) for key in keys], colors)
-    for key, (_, g) in zip(keys, grouped):
-        group = group_label(dict(zip(group_cols, key)))
+    groups = [group_label(dict(zip(group_cols, key))) for key in keys]
+    styles = curve_styles(groups, colors)
+    for key, group, (_, g) in zip(keys, groups, grouped):
         g = g.sort_values(along)
         where, x_cross = where_below_one(g[along], g["speedup"], along)
         c, marker = styles[group]
