@@ -132,3 +132,24 @@ def test_kv_integral_of_a_long_run_is_exact_and_fits_int64():
                                          np.rint(step.steps.duration_s * 1e12).astype(np.int64).tolist()))
     assert sum(run.steps.kv_block_ps.tolist()) == sum(step.steps.kv_block_ps.tolist()) == expected > 2**63
     assert summarize(run)["kv_cache_utilization"] == summarize(step)["kv_cache_utilization"]
+
+
+def test_a_speculative_run_ends_before_its_kv_integral_reaches_the_bound(monkeypatch):
+    # a run's row holds its KV integral (blocks x ps) in int64: runs of speculative steps, short or long,
+    # end before the step that would take it to KV_BLOCK_PS_MAX. Lowered here below what most runs of this
+    # case hold (up to 4.7e14), every row of more than one step stays below it, and the summary is still
+    # step mode's bit for bit
+    from servesim.engine import speculative_decoding
+
+    cfg = CASES["eagle"]
+    rows_before = len(simulate(cfg).output.steps)
+    bound = 10**14
+    monkeypatch.setattr(speculative_decoding, "KV_BLOCK_PS_MAX", bound)
+    run = simulate(cfg)
+    steps = run.output.steps
+    assert len(steps) > rows_before
+    multi = steps.num_steps > 1
+    assert multi.sum() >= 20 and (steps.kv_block_ps[multi] < bound).all()
+    step = simulate(dict(cfg, simulation={"mode": "step"}))
+    assert flatten(run.summary) == flatten(step.summary)
+    assert step_totals(run.output) == step_totals(step.output)
