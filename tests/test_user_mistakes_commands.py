@@ -424,3 +424,22 @@ def test_repeatable_options_may_be_repeated(tmp_path):
 
     argv = ["run", "c.yaml", "--out", "o", "--set", "seed=1", "--set", "seed=2"]
     assert build_parser(argv)[0].parse_args(argv).overrides == ["seed=1", "seed=2"]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["run", "c.yaml", "--out", "o", "--seed", "3"],
+     {"command": "run", "config": "c.yaml", "out": "o", "seed": 3, "overrides": [], "speculative_config": None,
+      "llama_cpp_spec": None, "no_plot": False, "quiet": False}),
+    (["acceptance", "ngram", "--input", "p.jsonl", "--k", "3", "--out", "o"], None),
+])
+def test_the_parsed_options_are_the_commands_own(argv, expected):
+    # the record of which single-valued options were given (StoreOnce's) is not left among the command's
+    # options, also for a subcommand's subcommand
+    from servesim.cli import build_parser
+
+    parsed = vars(build_parser(argv)[0].parse_args(argv))
+    assert not [name for name in parsed if name.startswith("_")]
+    if expected is not None:
+        assert parsed == expected
+    else:
+        assert parsed["k"] == 3 and str(parsed["input"]) == "p.jsonl"

@@ -112,16 +112,22 @@ def _available() -> dict[str, tuple[str, str]]:
     return found
 
 
-class StoreOnce(argparse._StoreAction):
-    """argparse's ``store`` (every single-valued option of the commands): refuses the option given twice,
-    where the last value would win silently (``--set`` and ``--slo`` are ``append`` options, repeatable)."""
+#: The attribute of a namespace being parsed that holds the options :class:`StoreOnce` has stored (removed
+#: once parsing ends, :meth:`CommandParser.parse_known_args`).
+OPTIONS_GIVEN = "_servesim_options_given"
+
+
+class StoreOnce(argparse.Action):
+    """argparse's ``store`` (every single-valued option of the commands, on argparse's public
+    :class:`argparse.Action`): stores the value, and refuses the option given twice, where the last value
+    would win silently (``--set`` and ``--slo`` are ``append`` options, repeatable)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        given = namespace.__dict__.setdefault("_options_given", set())
+        given = namespace.__dict__.setdefault(OPTIONS_GIVEN, set())
         if option_string is not None and self.dest in given:
             raise argparse.ArgumentError(self, "given twice (expected it once; the last would win silently)")
         given.add(self.dest)
-        super().__call__(parser, namespace, values, option_string)
+        setattr(namespace, self.dest, values)
 
 
 class CommandParser(argparse.ArgumentParser):
@@ -132,6 +138,12 @@ class CommandParser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("action", None, StoreOnce)  # the default action
         self.register("action", "store", StoreOnce)
+
+    def parse_known_args(self, args=None, namespace=None):
+        """argparse's, less :class:`StoreOnce`'s record of the options given (not an option of the command)."""
+        parsed, extras = super().parse_known_args(args, namespace)
+        parsed.__dict__.pop(OPTIONS_GIVEN, None)
+        return parsed, extras
 
 
 def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, object]]:
