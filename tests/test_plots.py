@@ -86,6 +86,18 @@ def test_where_a_speedup_curve_lies_below_one_in_words():
                                                                                    1.5)
 
 
+def test_a_speedup_curve_reads_the_same_in_the_legend_and_the_output(tmp_path):
+    from servesim.plots.curves import plot_speedup, speedup_verdict
+
+    assert speedup_verdict("above rate = 12.5", True) == "speculation hurts above rate = 12.5"
+    assert speedup_verdict("", True) == "speculation never hurts in the range"
+    assert speedup_verdict("below rate = 4", False, "fcfs") == "throughput below fcfs's below rate = 4"
+    assert speedup_verdict("", False, "fcfs") == "throughput never below fcfs's in the range"
+    table = pd.DataFrame({"rate": [5.0, 10.0, 20.0], "speedup": [1.5, 1.1, 0.9]})
+    plot_speedup(table, "rate", tmp_path / "s.png", speculative=True)
+    assert "speculation hurts above rate = 15" in (tmp_path / "s.svg").read_text()
+
+
 def test_heatmap_panel_titles_wrap_at_their_separators():
     from servesim.plots.heatmap import wrap_at_commas
 

@@ -120,7 +120,8 @@ def run(args: argparse.Namespace) -> int:
     """
     from servesim.analysis.capacity import parse_slos
     from servesim.errors import ConfigError
-    from servesim.plots.curves import THROUGHPUT_AXES, axis_labels, plot_latency_curves, plot_speedup, where_below_one
+    from servesim.plots.curves import (THROUGHPUT_AXES, axis_labels, plot_latency_curves, plot_speedup,
+                                       speedup_verdict, where_below_one)
     from servesim.atomic import prepare_output_dir, remove_stale
     from servesim.plots.heatmap import heatmap_columns, parse_heatmap, plot_heatmap
 
@@ -180,11 +181,9 @@ def run(args: argparse.Namespace) -> int:
                 table = plot_speedup(speedup, sp_along, path, labels.get(sp_along), speculative=speculative,
                                      baseline=baseline)
                 written.append(path)
-                hurts, never = (("speculation hurts", "speculation never hurts") if speculative else
-                                (f"throughput below {baseline}'s", f"throughput never below {baseline}'s"))
                 for group, g in table.groupby("group", sort=False):
                     where, _ = where_below_one(g[sp_along], g["speedup"], sp_along, digits=4)
-                    print(f"{group}: " + (f"{hurts} {where}" if where else f"{never} in the range"))
+                    print(f"{group}: {speedup_verdict(where, speculative, baseline)}")
                 ratios = table["speedup"].dropna()
                 if len(ratios) and (ratios - 1).abs().max() < SAME_THROUGHPUT:
                     print(f"note: the output throughputs agree within {SAME_THROUGHPUT:.0%} everywhere: with "

@@ -256,6 +256,16 @@ def where_below_one(xs, speedup, along: str, digits: int = 3) -> tuple[str, floa
     return (text + (f" and above {along} = {x_down:.{digits}g}" if x_down is not None else "")), x_up
 
 
+def speedup_verdict(where: str, speculative: bool, baseline: str = "baseline") -> str:
+    """The words for one speedup curve, in the figure's legend and in ``servesim plot``'s output alike:
+    ``where`` is :func:`where_below_one`'s text ("" when the curve never lies below 1); with
+    ``speculative`` the ratio is speculative over plain decoding ("speculation hurts above rate = 12.5",
+    "speculation never hurts in the range"), otherwise a variant's throughput over ``baseline``'s."""
+    if speculative:
+        return f"speculation hurts {where}" if where else "speculation never hurts in the range"
+    return f"throughput below {baseline}'s {where}" if where else f"throughput never below {baseline}'s in the range"
+
+
 def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | None = None, *,
                  speculative: bool | None = None, baseline: str = "baseline") -> pd.DataFrame:
     """``speedup.png/.svg`` and ``speedup_curve.csv``: each variant's throughput over the baseline's.
@@ -283,7 +293,6 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
         raise ValueError(f"column {along!r} of speedup.csv is not numeric")
     if speculative is None:
         speculative = "spec_output_throughput" in speedup.columns
-    hurts, never = ("speculation hurts", "hurts") if speculative else (f"below {baseline}", f"below {baseline}")
     skip = {along, "speedup"} | {c for c in data.columns if c.endswith("_output_throughput")}
     group_cols = [c for c in data.columns if c not in skip]
     plt = pyplot()
@@ -298,7 +307,7 @@ def plot_speedup(speedup: pd.DataFrame, along: str, out_png: Path, label: str | 
         g = g.sort_values(along)
         where, x_cross = where_below_one(g[along], g["speedup"], along)
         c, marker = styles[group]
-        text = f"{hurts} {where}" if where else f"never {never} in the range"
+        text = speedup_verdict(where, speculative, baseline)
         ax.plot(g[along], g["speedup"], marker=marker, linestyle="-", color=c,
                 label=text if group == "all" else f"{group}: {text}")
         if x_cross is not None:
