@@ -108,6 +108,22 @@ def test_heatmap_panel_titles_wrap_at_their_separators():
     assert wrap_at_commas("x" * 50 + ", y=1", 45) == "x" * 50 + ",\ny=1"  # a long part keeps its own line
 
 
+def test_a_heatmap_says_what_its_cells_hold_also_over_several_panels(tmp_path):
+    # one panel per max_num_seqs: the figure's heading names the metric and the mean over replications
+    # (the panels' titles name their panels); single runs claim no mean
+    from servesim.plots.heatmap import plot_heatmap
+
+    summary = summary_frame().assign(max_num_seqs=lambda d: d["max_num_seqs"].astype(str))
+    plot_heatmap(summary, "rate", "replication", "ttft_s.p99", ["max_num_seqs"], tmp_path)
+    svg = (tmp_path / "heatmap_ttft_s.p99.svg").read_text()
+    assert "ttft_s.p99 (mean over replications)" not in svg  # one run per (rate, replication) cell
+    assert "max_num_seqs=32" in svg and "max_num_seqs=256" in svg
+    replicated = summary.assign(load=summary["rate"] * 2)  # 3 replications in each (rate, load) cell
+    for panels in (["max_num_seqs"], []):
+        plot_heatmap(replicated, "rate", "load", "ttft_s.p99", panels, tmp_path)
+        assert "ttft_s.p99 (mean over replications)" in (tmp_path / "heatmap_ttft_s.p99.svg").read_text()
+
+
 def test_heatmap_table_and_parse():
     assert parse_heatmap("x=rate,y=max_num_seqs,metric=ttft_s.p99") == {"x": "rate", "y": "max_num_seqs",
                                                                         "metric": "ttft_s.p99"}

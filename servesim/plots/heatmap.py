@@ -132,6 +132,11 @@ def plot_heatmap(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols:
     finite = table["mean"].to_numpy(dtype=float)
     finite = finite[np.isfinite(finite)]
     vmin, vmax = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+    # what a cell holds: the metric, averaged where a point ran more than once; above the panels when
+    # there are several (each panel's title names its panel)
+    heading = metric + (" (mean over replications)" if (table["n"] > 1).any() else "")
+    if len(panels) > 1:
+        fig.suptitle(heading, fontsize=10)
     image = None
     for ax, panel in zip(axes.ravel(), panels):
         d = table[table["panel"] == panel]
@@ -150,7 +155,7 @@ def plot_heatmap(summary: pd.DataFrame, x: str, y: str, metric: str, panel_cols:
         ax.set_xlabel((labels or {}).get(x, x))
         ax.set_ylabel((labels or {}).get(y, y))
         # a long panel name wraps at its ", " separators to the panel's width (it ran into the next title)
-        title = panel if len(panels) > 1 else f"{metric} (mean over replications)"
+        title = panel if len(panels) > 1 else heading
         ax.set_title(wrap_at_commas(title, PANEL_TITLE_CHARS), fontsize=9)
         ax.grid(False)
     for ax in axes.ravel()[len(panels):]:
