@@ -66,6 +66,34 @@ def test_max_time_from_the_config_with_speculation_reports_unfinished_requests()
     assert run.output.spec_counters == step.output.spec_counters
 
 
+def test_a_run_cut_by_max_time_counts_its_slo_attainment_over_the_requests_that_arrived():
+    # 400 requests at 20 req/s, stopped at 5 s: about 100 arrived; the others were never offered, so they
+    # are not SLO failures (attainment had read good / 400), and the table counts them apart
+    from servesim.metrics import format_summary_table
+
+    cfg = {"hardware": "h100-sxm", "model": "llama-3.1-8b",
+           "workload": {"type": "poisson", "rate": 20.0, "num_requests": 400,
+                        "prompt_tokens": {"type": "fixed", "value": 500},
+                        "output_tokens": {"type": "fixed", "value": 300}},
+           "slo": {"ttft_s": 0.5, "tpot_s": 0.05}, "simulation": {"max_time_s": 5.0}}
+    run = simulate(cfg)
+    r, summary = run.output.requests, run.summary
+    arrived = int(np.isfinite(r.arrival_s).sum())
+    done = np.isfinite(r.finish_s)
+    with np.errstate(invalid="ignore"):
+        good = (done & (r.first_token_s - r.arrival_s <= 0.5)
+                & ((r.finish_s - r.first_token_s) / 299 <= 0.05))  # 300 output tokens: 299 after the first
+    assert 50 < arrived < 400 and summary["num_requests"] == 400 and summary["arrived"] == arrived
+    assert 0 < done.sum() < arrived and summary["completed"] == done.sum()
+    assert summary["slo_attainment"] == int(good.sum()) / arrived
+    lines = format_summary_table(summary).splitlines()
+    assert lines[0] == f"Requests completed          {done.sum()} / {arrived} arrived (400 in the workload)"
+    assert f"Latencies cover the completed requests only ({arrived - done.sum()} did not finish)" in lines
+    whole = simulate({**cfg, "simulation": {}}).summary  # not cut: every request arrives
+    assert whole["arrived"] == whole["num_requests"] == 400
+    assert format_summary_table(whole).splitlines()[0] == f"Requests completed          {whole['completed']} / 400"
+
+
 # ---------------------------------------------------------------------- acceptance heterogeneity
 def round_weighted_rates(profile, concentration: float) -> np.ndarray:
     """vLLM's per-position rates (accepted at position i / rounds) over a population of requests whose

@@ -62,7 +62,7 @@ def measurement_window(out: EngineOutput, measure) -> dict:
 #: The top-level keys of a run's summary (:func:`summarize`; ``replicas`` and ``router`` for a deployment)
 #: whose values are numbers: each is a column of a sweep's summary.csv as it is named.
 SCALAR_METRICS: tuple[str, ...] = (
-    "num_requests", "completed", "duration_s", "request_throughput", "output_throughput",
+    "num_requests", "arrived", "completed", "duration_s", "request_throughput", "output_throughput",
     "total_token_throughput", "preemptions", "saturated", "waiting_queue_slope_per_s", "goodput",
     "slo_attainment",
 )
@@ -98,7 +98,9 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
 
     Returns:
         A dict of plain ints, floats, bools, lists and dicts (``None`` where a value is undefined):
-        ``num_requests``, ``completed``; ``duration_s`` = last finish - first arrival (s);
+        ``num_requests`` (the workload's), ``arrived`` (those that arrived before the run stopped: all of
+        them unless ``simulation.max_time_s`` cut it off), ``completed``; ``duration_s`` = last finish -
+        first arrival (s);
         ``request_throughput`` (completed requests/s), ``output_throughput`` (output tokens of completed
         requests/s), ``total_token_throughput`` (prompt + output tokens of completed requests/s), all over
         ``duration_s``; ``ttft_s``, ``tpot_s``, ``itl_s``, ``e2e_s``, ``queue_s``: each
@@ -110,7 +112,8 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
         ``kv_blocks_total``, the max over the rows' ends;
         ``saturated`` (bool, rule of :mod:`servesim.metrics.saturation`) and
         ``waiting_queue_slope_per_s`` (requests/s); with ``slo``: ``goodput`` (good requests/s over
-        ``duration_s``) and ``slo_attainment`` (good requests / ``num_requests``); with speculative
+        ``duration_s``) and ``slo_attainment`` (good requests / ``arrived``: a request still waiting or
+        running when the run stopped counts as not good, one that had not arrived is not counted); with speculative
         decoding counters: ``spec_decode`` (see :func:`spec_decode_summary`); with ``measure`` (a
         :class:`~servesim.config.models.MeasureWindow`): ``measurement_window`` (see
         :func:`measurement_window`).
@@ -124,6 +127,7 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
     n = len(req)
     completed = int(np.count_nonzero(done))
     arrival = np.asarray(req.arrival_s, dtype=np.float64)
+    arrived = int(np.count_nonzero(~np.isnan(arrival)))  # NaN: not arrived when max_time_s stopped the run
     finish = np.asarray(req.finish_s, dtype=np.float64)
     duration = float(finish[done].max() - np.nanmin(arrival)) if completed else 0.0  # NaN: not arrived
     output_tokens = int(np.asarray(req.output_tokens, dtype=np.int64)[done].sum())
@@ -134,6 +138,7 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
 
     summary: dict = {
         "num_requests": n,
+        "arrived": arrived,
         "completed": completed,
         "duration_s": duration,
         "request_throughput": rate(completed),
@@ -164,7 +169,7 @@ def summarize(out: EngineOutput, slo: dict | None = None, measure=None) -> dict:
         good = _good_requests(lat, slo)
         n_good = int(np.count_nonzero(good))
         summary["goodput"] = rate(n_good)
-        summary["slo_attainment"] = float(n_good / n) if n else 0.0
+        summary["slo_attainment"] = float(n_good / arrived) if arrived else 0.0
     if out.spec_counters:
         summary["spec_decode"] = spec_decode_summary(out.spec_counters)
     if out.prefix_cache:

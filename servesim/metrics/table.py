@@ -12,6 +12,14 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
 
+def _completed_of(summary: dict) -> str:
+    """``completed / num_requests``, or, when ``simulation.max_time_s`` stopped the run before every request
+    arrived, ``completed / arrived arrived (num_requests in the workload)``."""
+    completed, total = summary.get("completed", 0), summary.get("num_requests", 0)
+    arrived = summary.get("arrived", total)
+    return f"{completed} / {total}" if arrived == total else f"{completed} / {arrived} arrived ({total} in the workload)"
+
+
 def format_summary_table(summary: dict) -> str:
     """Render a :func:`~servesim.metrics.summary.summarize` dict as a fixed-width text table.
 
@@ -19,14 +27,15 @@ def format_summary_table(summary: dict) -> str:
     mean/p50/p99 of TTFT, TPOT, ITL and E2E in milliseconds (columns widen so that at least two
     spaces separate them at any latency), preemptions, goodput and SLO attainment
     when present, and the saturation flag. When some requests did not finish (a run cut off by
-    ``simulation.max_time_s``), a line says that the latencies cover the completed requests only.
+    ``simulation.max_time_s``), a line says that the latencies cover the completed requests only; requests
+    that had not arrived by then are counted apart (the workload's total in parentheses).
     Missing or undefined values print as ``-``.
 
     Returns:
         The table, lines joined by ``\\n``, without a trailing newline.
     """
     lines = [
-        f"{'Requests completed':<28}{summary.get('completed', 0)} / {summary.get('num_requests', 0)}",
+        f"{'Requests completed':<28}{_completed_of(summary)}",
         f"{'Duration (s)':<28}{summary.get('duration_s', 0.0):.2f}",
         f"{'Request throughput (req/s)':<28}{summary.get('request_throughput', 0.0):.2f}",
         f"{'Output throughput (tok/s)':<28}{summary.get('output_throughput', 0.0):.1f}",
@@ -36,9 +45,10 @@ def format_summary_table(summary: dict) -> str:
              for _, key in _LATENCIES]
     # at least two spaces between columns, however long the numbers (1000 s = 1000000.00 ms)
     width = max([10] + [len(cell) + 2 for row in cells for cell in row])
-    completed, total = summary.get("completed", 0), summary.get("num_requests", 0)
-    if completed < total:  # the statistics below leave out the requests that did not finish
-        lines.append(f"Latencies cover the completed requests only ({total - completed} did not finish)")
+    completed = summary.get("completed", 0)
+    arrived = summary.get("arrived", summary.get("num_requests", 0))
+    if completed < arrived:  # the statistics below leave out the requests that did not finish
+        lines.append(f"Latencies cover the completed requests only ({arrived - completed} did not finish)")
     lines.append(f"{'Latency (ms)':<28}" + "".join(f"{name:>{width}}" for name in ("mean", "p50", "p99")))
     for (label, _), row in zip(_LATENCIES, cells):
         lines.append(f"{'  ' + label:<28}" + "".join(f"{cell:>{width}}" for cell in row))
