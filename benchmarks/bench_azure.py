@@ -48,7 +48,8 @@ def main() -> None:
     print(f"servesim run --no-plot, Azure conversation trace ({REQUESTS:,} requests), "
           f"{figures['machine']['cpus']} CPUs, load {figures['machine']['load_average_1min']:.2f}, servesim bytecode "
           + ("cached" if figures["machine"]["bytecode_cached"] else "not cached (every run compiles it)")
-          + f", engine {figures['machine']['compiled_engine']}")
+          + f", engine {figures['machine']['compiled_engine']}"
+          + (", idle file cache paged out (DAMON)" if figures["machine"]["file_cache_pageout"] else ""))
     print(f"{'rate':>5} {'speculation':>12} {'wall s (median)':>16} {'range':>13} {'requests / wall s':>18} "
           f"{'peak MB':>8} {'/ import numpy':>15} {'/ loop':>7}")
     for rate, spec in variants:

@@ -103,12 +103,41 @@ def ratios(seconds: float, refs: tuple[float, float]) -> dict[str, float]:
 
 
 def machine() -> dict:
-    """The machine and its load when the benchmark ran (CPUs, 1-minute load average, UTC time), and whether
-    servesim's bytecode is cached (:func:`bytecode_cached`)."""
+    """The machine and its load when the benchmark ran (CPUs, 1-minute load average, UTC time, CPU model),
+    whether servesim's bytecode is cached (:func:`bytecode_cached`) and whether idle file cache is paged out
+    (:func:`file_cache_pageout`)."""
     return {"cpus": os.cpu_count(), "load_average_1min": os.getloadavg()[0],
             "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "python": sys.version.split()[0],
             "bytecode_cached": bytecode_cached(), "PYTHONDONTWRITEBYTECODE": bool(os.environ.get("PYTHONDONTWRITEBYTECODE")),
-            "compiled_engine": compiled_engine()}
+            "compiled_engine": compiled_engine(), "cpu_model": cpu_model(), "file_cache_pageout": file_cache_pageout()}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``), or None where it cannot be read: sessions' machines differ."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def file_cache_pageout() -> bool:
+    """Whether the kernel pages out memory left idle, file cache included (a running DAMON scheme with the
+    ``pageout`` action, as on some of this project's VMs: idle for a few seconds, servesim's and numpy's
+    module files are read from disk again by the next run, which then takes longer than one right after
+    another)."""
+    root = Path("/sys/kernel/mm/damon/admin/kdamonds")
+    try:
+        for kdamond in root.glob("*"):
+            if (kdamond / "state").read_text().strip() != "on":
+                continue
+            if any(action.read_text().strip() == "pageout" for action in kdamond.glob("contexts/*/schemes/*/action")):
+                return True
+    except OSError:
+        pass
+    return False
 
 
 def compiled_engine() -> str:
