@@ -134,6 +134,37 @@ def test_mean_acceptance_length_counts_rounds_without_a_draft():
     assert prof.mean_acceptance_length(3) == pytest.approx(1.7, rel=1e-15)
 
 
+def _llama_eagle_drafter(tp: int, mode: str, **spec_fields):
+    """The default EAGLE head's costs (k = 3) for Llama-3.1-8B on H100s at target TP ``tp``."""
+    from servesim.cards import load_hardware, load_model
+    from servesim.roofline import build_step_time_model
+    from servesim.speculation.config import SpeculativeConfig
+    from servesim.speculation.costs import build_drafter
+
+    hw, target = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
+    spec = SpeculativeConfig(method="eagle", num_speculative_tokens=3, **spec_fields)
+    return build_drafter(spec, hw, target, tp, mode, build_step_time_model(hw, target, tp, mode, speculative=True))
+
+
+@pytest.mark.parametrize("draft_tp, weight_bytes, kv_bytes", [(None, 218_116_096, 2048), (1, 436_232_192, 4096)])
+def test_the_drafter_is_split_over_its_own_tensor_parallel_size(draft_tp, weight_bytes, kv_bytes):
+    # build_drafter: the drafter's weights and KV are divided by draft_tensor_parallel_size, by default the
+    # target's. Llama-3.1-8B's default EAGLE head stores one decoder layer and the final norm (the
+    # embedding and lm_head are the target's): q, o 4096 x 4096, k, v 4096 x 1024, MLP 3 x 4096 x 14336,
+    # norms 3 x 4096 = 218,116,096 bf16 parameters = 436,232,192 bytes; its KV 2 x 8 x 128 x 2 = 4096
+    # bytes per token. Under a target of TP 2: half of each by default, all of it with a drafter TP of 1.
+    drafter = _llama_eagle_drafter(2, "calibrated", draft_tensor_parallel_size=draft_tp)
+    assert (drafter.weight_bytes_per_gpu, drafter.kv_bytes_per_token_per_gpu) == (weight_bytes, kv_bytes)
+
+
+@pytest.mark.parametrize("mode, overhead_subps", [("ideal", 0), ("calibrated", 39_976_960_000_000)])
+def test_the_draft_pass_overhead_is_left_out_of_the_ideal_roofline(mode, overhead_subps):
+    # the ideal roofline has no overhead terms: draft_pass_overhead_s (default 0.61 ms) counts only in the
+    # calibrated mode, 0.61e-3 s x 1e12 ps/s x 2^16 = 39,976,960,000,000 subps per pass
+    drafter = _llama_eagle_drafter(1, mode)
+    assert drafter.pass_overhead_subps == overhead_subps
+
+
 # ---------------------------------------------------------------------------------------------- roofline
 def test_compute_bound_tokens_count_each_tokens_lm_head():
     # ideal roofline, Llama-3.1-8B on an H100: a step reads all 8,030,261,248 parameters in bf16 and each
