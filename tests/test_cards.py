@@ -532,6 +532,19 @@ def test_bad_hardware_card_names_file_and_field() -> None:
     assert "bad-hardware.yaml" in msg and "memory_gb: unknown key" in msg
 
 
+@pytest.mark.parametrize("peak", [-1.0, 0.0])
+def test_a_peak_flops_that_is_not_positive_is_refused_naming_the_file_and_dtype(tmp_path: Path, peak: float) -> None:
+    # a negative peak ran silently as if compute were free (the same latencies as a peak of 1e300), and a
+    # zero peak ended in a ZeroDivisionError traceback when the step time was built
+    card = {"name": "X", "vendor": "Y", "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 3.35e12,
+            "peak_flops_per_s": {"bf16": peak, "fp8": 1.979e15}}
+    (tmp_path / "gpu.yaml").write_text(json.dumps(card))
+    with pytest.raises(ConfigError) as excinfo:
+        load_hardware("gpu.yaml", base_dir=tmp_path)
+    assert _one_line_error(excinfo) == (f"{tmp_path / 'gpu.yaml'}: peak_flops_per_s.bf16: Input should be greater "
+                                        f"than 0 (got {peak!r})")
+
+
 def test_unknown_name_lists_available_cards() -> None:
     with pytest.raises(ConfigError) as excinfo:
         load_hardware("H1000", source="run.yaml: hardware")

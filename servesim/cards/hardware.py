@@ -7,7 +7,7 @@ real server reaches is modelled by separate, named calibration fields, never fol
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
 
@@ -55,7 +55,7 @@ class HardwareCard(InputModel):
     vendor: str = Field(description="NVIDIA, AMD, Intel, ...")
     memory_bytes: float = Field(gt=0, description="Device memory in bytes (vendor GB x 1e9).")
     memory_bandwidth_bytes_per_s: float = Field(gt=0, description="Peak HBM/GDDR bandwidth in bytes/s.")
-    peak_flops_per_s: dict[ComputeDtype, float] = Field(
+    peak_flops_per_s: dict[ComputeDtype, Annotated[float, Field(gt=0)]] = Field(
         min_length=1,
         description="Dense (no 2:4 sparsity) tensor-core peak FLOP/s (OP/s for int8) per compute type; "
         "types the GPU does not support are absent (no fp8 on A100).",
