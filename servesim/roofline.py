@@ -351,12 +351,25 @@ def subps_coefficient(exact_subps: float, what: str = "step-time") -> tuple[int,
 
 def compute_dtype(model, hardware) -> str:
     """The tensor-core dtype a model's matmuls run in on this GPU: its weight dtype if the GPU has a peak for
-    it (fp8 on Hopper), else bf16 (e.g. fp8 weights on an A100 are dequantised to bf16)."""
+    it (fp8 on Hopper), else bf16 (e.g. fp8 weights on an A100 are dequantised to bf16).
+
+    Raises:
+        SettingError: 16-bit weights on a card that lists neither a bf16 nor an fp16 peak.
+    """
     dtype = str(getattr(model, "weight_dtype", "bf16")).lower()
     peaks = hardware.peak_flops_per_s
     if dtype in peaks:
         return dtype
     if dtype in ("fp16", "bf16"):
+        if "bf16" not in peaks and "fp16" not in peaks:
+            from servesim.errors import SettingError
+
+            raise SettingError(
+                f"hardware: {hardware.name} lists no bf16 or fp16 peak in peak_flops_per_s (has "
+                f"{', '.join(sorted(peaks))}), which the {dtype} weights of model {getattr(model, 'name', '?')} "
+                "need: add one to the card, or give the model weights of a type it lists",
+                depends_on=("model",),
+            )
         return "bf16" if "bf16" in peaks else "fp16"
     return "bf16" if "bf16" in peaks else next(iter(peaks))
 

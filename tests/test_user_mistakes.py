@@ -510,6 +510,11 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
      "roofline: the attention time per (query, key) pair is inf s with these step-time settings "
      "(memory_bandwidth_bytes_per_s, peak_flops_per_s and the efficiencies of the hardware card or roofline); "
      "servesim's steps take at most 70.4 s"),
+    # a card without a 16-bit peak under a bf16 model raised KeyError: 'fp16' (a traceback)
+    ("hardware={name: x, vendor: y, memory_bytes: 8.0e+10, memory_bandwidth_bytes_per_s: 3.0e+12, "
+     "peak_flops_per_s: {fp8: 2.0e+15, int8: 2.0e+15}}",
+     "hardware: x lists no bf16 or fp16 peak in peak_flops_per_s (has fp8, int8), which the bf16 weights of model "
+     "Llama-3.1-8B need: add one to the card, or give the model weights of a type it lists"),
 ])
 def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
     cfg, err = refused_run(tmp_path, capsys, config=_with(override))
