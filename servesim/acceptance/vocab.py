@@ -138,7 +138,7 @@ def _special_id(value: Any, table: dict[str, int]) -> int | None:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError as exc:
         from servesim.input_files import not_utf8_message
 
