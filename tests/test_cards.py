@@ -270,6 +270,17 @@ def test_explicit_card_rules() -> None:
         )
 
 
+def test_an_explicit_card_without_kv_bytes_is_refused_naming_the_field(tmp_path: Path) -> None:
+    # kv_bytes_per_token: 0 was accepted, then the run stopped with "engine.max_num_batched_tokens: x does not
+    # fit on 1 x H100 SXM ... lower engine.max_num_batched_tokens": advice that cannot help
+    (tmp_path / "m.yaml").write_text(json.dumps({"name": "x", "num_params": 8e9, "kv_bytes_per_token": 0,
+                                                 "max_model_len": 8192}))
+    with pytest.raises(ConfigError) as excinfo:
+        load_model("m.yaml", base_dir=tmp_path)
+    assert _one_line_error(excinfo) == (f"{tmp_path / 'm.yaml'}: kv_bytes_per_token: Input should be greater than 0 "
+                                        "(got 0)")
+
+
 # ---------------------------------------------------------------------------------------------- hardware
 
 
