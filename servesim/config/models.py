@@ -40,8 +40,8 @@ class EngineConfig(_Strict):
         enable_chunked_prefill: split long prompts over steps (vLLM V1 default on).
         enable_prefix_caching: vLLM's automatic prefix caching (reuse of cached KV blocks of shared
             prefixes, :mod:`servesim.engine.block_manager`). Default on, as vLLM 0.32 resolves it for a
-            generative model (``EngineArgs``: ``model_config.is_prefix_caching_supported``). Not modelled
-            with speculative decoding yet: the speculative engine runs without it.
+            generative model (``EngineArgs``: ``model_config.is_prefix_caching_supported``), with speculative
+            decoding too (README "Prefix caching").
         num_gpu_blocks_override: fix the KV-cache size in blocks instead of deriving it from memory; at
             least 2 (block 0 is vLLM's null block, never allocated).
         activation_reserve_bytes: per-GPU bytes kept for activations, sampler and CUDA graphs; default:
