@@ -125,6 +125,10 @@ embedding, activation (SiLU-and-mul), residual add (``docs/reference/kernel-prof
 GEMMS_PER_LAYER = 4
 """GEMMs of one decoder layer: fused QKV, attention output, fused gate+up, down projection."""
 
+PCIE_LINK_BYTES_PER_S = 64e9
+"""Link of a tensor-parallel group on a card without a scale-up link (``interconnect_bandwidth_bytes_per_s``
+unset: L40S, L4): PCIe Gen4 x16, 64 GB/s bidirectional (32 GB/s each way), at ``interconnect_efficiency``."""
+
 
 def smooth_max(a: float, b: float, exponent: float) -> float:
     """``(a^p + b^p)^(1/p)`` for ``a, b >= 0``: ``max(a, b)`` as ``p -> inf``, ``a + b`` at ``p = 1``."""
@@ -459,7 +463,7 @@ def build_step_time_model(
     if tp > 1:
         link = hardware.interconnect_bandwidth_bytes_per_s
         if not link:
-            link = 64e9  # PCIe Gen4/5 x16 class fallback when the card names no scale-up link
+            link = PCIE_LINK_BYTES_PER_S  # the card names no scale-up link
         per_direction = float(link) / 2.0 * float(hardware.interconnect_efficiency)
         hidden = int(getattr(model, "hidden_size", 0) or 0)
         act_bytes = 2  # bf16 activations

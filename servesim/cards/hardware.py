@@ -65,7 +65,8 @@ class HardwareCard(InputModel):
         gt=0,
         description="Scale-up link (NVLink, Infinity Fabric, RoCE) bandwidth in bytes/s, the BIDIRECTIONAL "
         "total as the vendor states it (per direction is half: NVLink 4's 900e9 is 450e9 each way). None: "
-        "no scale-up link (L40S, L4); tensor parallelism over PCIe is not described by this card.",
+        "no scale-up link (L40S, L4); a tensor-parallel group then all-reduces over PCIe Gen4 x16, 64e9 "
+        "bidirectional (servesim.roofline.PCIE_LINK_BYTES_PER_S).",
     )
     bandwidth_efficiency: float = Field(
         default=0.80,
