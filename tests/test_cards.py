@@ -556,6 +556,24 @@ def test_a_peak_flops_that_is_not_positive_is_refused_naming_the_file_and_dtype(
                                         f"than 0 (got {peak!r})")
 
 
+@pytest.mark.parametrize("field, value, message", [
+    # a card in the datasheet's units ran into "does not fit ... in 0.92 x 0.0 GB" (naming tensor_parallel_size)
+    # or a step-time overflow ("roofline: the KV-cache read time per context token is 4.89e+04 s")
+    ("memory_bytes", 80, "memory_bytes: expected bytes, at least 1e+08 (vendor GB x 1e9: 80 GB is 8.0e+10) (got 80)"),
+    ("memory_bandwidth_bytes_per_s", 3.35,
+     "memory_bandwidth_bytes_per_s: expected bytes/s, at least 1e+09 (3.35 TB/s is 3.35e+12) (got 3.35)"),
+    ("peak_flops_per_s", {"bf16": 989.5, "fp8": 1.979e15},
+     "peak_flops_per_s: bf16: expected FLOP/s, at least 1e+09 (989.5 TFLOP/s is 9.895e+14) (got 989.5)"),
+])
+def test_a_card_written_in_datasheet_units_is_refused_naming_the_unit(tmp_path: Path, field, value, message) -> None:
+    card = {"name": "X", "vendor": "Y", "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 3.35e12,
+            "peak_flops_per_s": {"bf16": 9.895e14}, field: value}
+    (tmp_path / "gpu.yaml").write_text(json.dumps(card))
+    with pytest.raises(ConfigError) as excinfo:
+        load_hardware("gpu.yaml", base_dir=tmp_path)
+    assert _one_line_error(excinfo) == f"{tmp_path / 'gpu.yaml'}: {message}"
+
+
 def test_unknown_name_lists_available_cards() -> None:
     with pytest.raises(ConfigError) as excinfo:
         load_hardware("H1000", source="run.yaml: hardware")

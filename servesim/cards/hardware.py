@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from servesim.input_models import InputModel
 from servesim.errors import ConfigError
@@ -18,6 +18,14 @@ from servesim.errors import ConfigError
 ComputeDtype = Literal["bf16", "fp16", "fp8", "int8"]
 
 _GIB = 2**30
+
+#: The least value of a card field in its base unit, the unit and an example: below it, the value was written
+#: in the datasheet's unit (GB, TB/s, TFLOP/s). No accelerator has less than 100 MB, 1 GB/s or 1 GFLOP/s.
+_BASE_UNITS = {
+    "memory_bytes": (1e8, "bytes", "vendor GB x 1e9: 80 GB is 8.0e+10"),
+    "memory_bandwidth_bytes_per_s": (1e9, "bytes/s", "3.35 TB/s is 3.35e+12"),
+    "peak_flops_per_s": (1e9, "FLOP/s", "989.5 TFLOP/s is 9.895e+14"),
+}
 
 
 def vllm_default_scheduler_limits(name: str, memory_bytes: float) -> tuple[int, int]:
@@ -191,6 +199,22 @@ class HardwareCard(InputModel):
         "(filled from vllm_default_scheduler_limits when absent).",
     )
     source: str = Field(default="", description="Where the numbers come from.")
+
+    @field_validator("memory_bytes", "memory_bandwidth_bytes_per_s", "peak_flops_per_s")
+    @classmethod
+    def _in_base_units(cls, value: Any, info: Any) -> Any:
+        # a card written in the datasheet's units (80 GB, 3.35 TB/s, 989.5 TFLOP/s) passed as bytes and FLOP/s
+        # and ended in "does not fit ... in 0.92 x 0.0 GB" or a step-time overflow naming no field of the card
+        least, unit, example = _BASE_UNITS[info.field_name]
+        expected = f"expected {unit}, at least {least:g} ({example})"
+        if not isinstance(value, dict):
+            if value < least:
+                raise ValueError(expected)
+            return value
+        for dtype, peak in value.items():  # the message names the entry (the formatter shows no mapping)
+            if peak < least:
+                raise ValueError(f"{dtype}: {expected} (got {peak!r})")
+        return value
 
     @model_validator(mode="before")
     @classmethod
