@@ -465,3 +465,22 @@ def test_a_vllm_bench_result_with_a_byte_order_mark_is_read(tmp_path):
     plain = read_vllm_bench_json(path)
     path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # was: invalid JSON (Unexpected UTF-8 BOM ...)
     assert read_vllm_bench_json(path) == plain
+
+
+def test_a_draft_model_of_the_option_that_does_not_fit_names_the_option_with_the_file(tmp_path, capsys):
+    # named the file alone ("c.yaml: tensor_parallel_size: ... + the draft model llama-3.1-70b's weights"),
+    # where the user would look in vain; README: --speculative-config names itself
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    spec = {"method": "draft_model", "model": "llama-3.1-70b", "num_speculative_tokens": 2,
+            "acceptance": {"alpha": 0.7}}
+    argv = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--speculative-config", json.dumps(spec)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {cfg} with --speculative-config: tensor_parallel_size: Llama-3.1-8B does "
+                          "not fit on 1 x H100 SXM: per GPU, its weights 16.1 GB + the draft model llama-3.1-70b's "
+                          "weights 141.1 GB"), err
+    # a target that does not fit without its drafter is the file's mistake, with or without the option
+    config = write_yaml(tmp_path / "big.yaml", {**SMALL, "model": "llama-3.1-405b"})
+    assert main(["run", str(config), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err.startswith(f"servesim: error: {config}: tensor_parallel_size: Llama-3.1-405B does "
+                                              "not fit")

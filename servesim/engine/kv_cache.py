@@ -85,7 +85,9 @@ def kv_cache_blocks(
             f"(at max_num_batched_tokens={max_num_batched_tokens}) leave no KV-cache block in "
             f"gpu_memory_utilization {gpu_memory_utilization:g} x {_gigabytes(float(hardware.memory_bytes))} "
             "(raise tensor_parallel_size or engine.gpu_memory_utilization, or lower engine.max_num_batched_tokens)",
-            depends_on=FIT_DEPENDS_ON,
+            # a drafter's weights and KV make the speculative config part of the mistake
+            depends_on=FIT_DEPENDS_ON if extra_weight_bytes_per_gpu > 0 or extra_kv_bytes_per_token_per_gpu > 0
+            else tuple(k for k in FIT_DEPENDS_ON if k != "speculative_config"),
         )
     return blocks
 
