@@ -134,7 +134,9 @@ def naming_set_keys(set_keys: list[str], source: str | None) -> Iterator[None]:
 def naming_option_of(key: str, option: str | None, source: str | None) -> Iterator[None]:
     """Name the command-line ``option`` (e.g. ``--speculative-config``) instead of the config's file
     ``source`` in a :class:`SettingError` about ``key`` raised inside, when the option gave ``key``'s whole
-    value (a mistake in it is not in the file).
+    value (a mistake in it is not in the file); as ``source with option: ...`` when the check is about
+    another setting but read ``key`` (its ``depends_on``: a target that fits alone and not beside the
+    option's draft model), as :func:`named_by_set` does for ``--set``.
 
     Nothing changes when ``option`` is None or for any other error.
     """
@@ -144,6 +146,10 @@ def naming_option_of(key: str, option: str | None, source: str | None) -> Iterat
         text = str(exc)
         prefix = f"{source}: " if source is not None else ""
         rest = text[len(prefix):] if text.startswith(prefix) else ""
-        if option is None or not rest.startswith((f"{key}: ", f"{key}.")):
+        if option is None or not rest:
             raise
-        raise _reworded(exc, f"{option}: {rest}") from None
+        if rest.startswith((f"{key}: ", f"{key}.")):
+            raise _reworded(exc, f"{option}: {rest}") from None
+        if source is not None and any(dep == key or dep.startswith(key + ".") for dep in exc.depends_on):
+            raise _reworded(exc, f"{source} with {option}: {rest}") from None
+        raise

@@ -93,7 +93,7 @@ def load_yaml(path: str | Path) -> Any:
 
 
 def read_text(path: str | Path) -> str:
-    """Read a UTF-8 text file.
+    """Read a UTF-8 text file (a leading byte-order mark, as Excel and Notepad write one, is dropped).
 
     Raises:
         ConfigError: the file is missing, unreadable or not UTF-8 text (one line naming it and, for bad
@@ -101,7 +101,7 @@ def read_text(path: str | Path) -> str:
     """
     p = Path(path)
     try:
-        return p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8").removeprefix("\ufeff")
     except FileNotFoundError:
         raise ConfigError(f"{p}: file not found") from None
     except UnicodeDecodeError as exc:

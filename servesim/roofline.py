@@ -125,6 +125,10 @@ embedding, activation (SiLU-and-mul), residual add (``docs/reference/kernel-prof
 GEMMS_PER_LAYER = 4
 """GEMMs of one decoder layer: fused QKV, attention output, fused gate+up, down projection."""
 
+PCIE_LINK_BYTES_PER_S = 64e9
+"""Link of a tensor-parallel group on a card without a scale-up link (``interconnect_bandwidth_bytes_per_s``
+unset: L40S, L4): PCIe Gen4 x16, 64 GB/s bidirectional (32 GB/s each way), at ``interconnect_efficiency``."""
+
 
 def smooth_max(a: float, b: float, exponent: float) -> float:
     """``(a^p + b^p)^(1/p)`` for ``a, b >= 0``: ``max(a, b)`` as ``p -> inf``, ``a + b`` at ``p = 1``."""
@@ -351,12 +355,25 @@ def subps_coefficient(exact_subps: float, what: str = "step-time") -> tuple[int,
 
 def compute_dtype(model, hardware) -> str:
     """The tensor-core dtype a model's matmuls run in on this GPU: its weight dtype if the GPU has a peak for
-    it (fp8 on Hopper), else bf16 (e.g. fp8 weights on an A100 are dequantised to bf16)."""
+    it (fp8 on Hopper), else bf16 (e.g. fp8 weights on an A100 are dequantised to bf16).
+
+    Raises:
+        SettingError: 16-bit weights on a card that lists neither a bf16 nor an fp16 peak.
+    """
     dtype = str(getattr(model, "weight_dtype", "bf16")).lower()
     peaks = hardware.peak_flops_per_s
     if dtype in peaks:
         return dtype
     if dtype in ("fp16", "bf16"):
+        if "bf16" not in peaks and "fp16" not in peaks:
+            from servesim.errors import SettingError
+
+            raise SettingError(
+                f"hardware: {hardware.name} lists no bf16 or fp16 peak in peak_flops_per_s (has "
+                f"{', '.join(sorted(peaks))}), which the {dtype} weights of model {getattr(model, 'name', '?')} "
+                "need: add one to the card, or give the model weights of a type it lists",
+                depends_on=("model",),
+            )
         return "bf16" if "bf16" in peaks else "fp16"
     return "bf16" if "bf16" in peaks else next(iter(peaks))
 
@@ -446,7 +463,7 @@ def build_step_time_model(
     if tp > 1:
         link = hardware.interconnect_bandwidth_bytes_per_s
         if not link:
-            link = 64e9  # PCIe Gen4/5 x16 class fallback when the card names no scale-up link
+            link = PCIE_LINK_BYTES_PER_S  # the card names no scale-up link
         per_direction = float(link) / 2.0 * float(hardware.interconnect_efficiency)
         hidden = int(getattr(model, "hidden_size", 0) or 0)
         act_bytes = 2  # bf16 activations

@@ -311,3 +311,13 @@ def test_milliseconds_in_step_time_s_are_refused(tmp_path, capsys):
     below = [StepPoint(p.batch_size, p.context_tokens, p.scheduled_tokens, (99 if i == 0 else 1000) * t)
              for i, (p, t) in enumerate(zip(points, base))]
     fit_step_times(hw, model, below)  # one step under the bound: fitted (its poor R^2 is warned of by the CLI)
+
+
+@pytest.mark.parametrize("key", ["max_concurrency", "median_tpot_ms"])
+def test_a_boolean_in_a_vllm_bench_result_is_not_a_number(tmp_path, key):
+    # max_concurrency: true was read as batch 1, median_tpot_ms: true as a 1 ms step
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({**BENCH, key: True}))
+    with pytest.raises(ConfigError) as exc:
+        read_vllm_bench_json(path)
+    assert str(exc.value) == f"{path}: {key}: expected a positive number (got True)"

@@ -270,6 +270,17 @@ def test_explicit_card_rules() -> None:
         )
 
 
+def test_an_explicit_card_without_kv_bytes_is_refused_naming_the_field(tmp_path: Path) -> None:
+    # kv_bytes_per_token: 0 was accepted, then the run stopped with "engine.max_num_batched_tokens: x does not
+    # fit on 1 x H100 SXM ... lower engine.max_num_batched_tokens": advice that cannot help
+    (tmp_path / "m.yaml").write_text(json.dumps({"name": "x", "num_params": 8e9, "kv_bytes_per_token": 0,
+                                                 "max_model_len": 8192}))
+    with pytest.raises(ConfigError) as excinfo:
+        load_model("m.yaml", base_dir=tmp_path)
+    assert _one_line_error(excinfo) == (f"{tmp_path / 'm.yaml'}: kv_bytes_per_token: Input should be greater than 0 "
+                                        "(got 0)")
+
+
 # ---------------------------------------------------------------------------------------------- hardware
 
 
@@ -530,6 +541,37 @@ def test_bad_hardware_card_names_file_and_field() -> None:
         load_hardware("bad-hardware.yaml", base_dir=DATA)
     msg = _one_line_error(excinfo)
     assert "bad-hardware.yaml" in msg and "memory_gb: unknown key" in msg
+
+
+@pytest.mark.parametrize("peak", [-1.0, 0.0])
+def test_a_peak_flops_that_is_not_positive_is_refused_naming_the_file_and_dtype(tmp_path: Path, peak: float) -> None:
+    # a negative peak ran silently as if compute were free (the same latencies as a peak of 1e300), and a
+    # zero peak ended in a ZeroDivisionError traceback when the step time was built
+    card = {"name": "X", "vendor": "Y", "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 3.35e12,
+            "peak_flops_per_s": {"bf16": peak, "fp8": 1.979e15}}
+    (tmp_path / "gpu.yaml").write_text(json.dumps(card))
+    with pytest.raises(ConfigError) as excinfo:
+        load_hardware("gpu.yaml", base_dir=tmp_path)
+    assert _one_line_error(excinfo) == (f"{tmp_path / 'gpu.yaml'}: peak_flops_per_s.bf16: Input should be greater "
+                                        f"than 0 (got {peak!r})")
+
+
+@pytest.mark.parametrize("field, value, message", [
+    # a card in the datasheet's units ran into "does not fit ... in 0.92 x 0.0 GB" (naming tensor_parallel_size)
+    # or a step-time overflow ("roofline: the KV-cache read time per context token is 4.89e+04 s")
+    ("memory_bytes", 80, "memory_bytes: expected bytes, at least 1e+08 (vendor GB x 1e9: 80 GB is 8.0e+10) (got 80)"),
+    ("memory_bandwidth_bytes_per_s", 3.35,
+     "memory_bandwidth_bytes_per_s: expected bytes/s, at least 1e+09 (3.35 TB/s is 3.35e+12) (got 3.35)"),
+    ("peak_flops_per_s", {"bf16": 989.5, "fp8": 1.979e15},
+     "peak_flops_per_s: bf16: expected FLOP/s, at least 1e+09 (989.5 TFLOP/s is 9.895e+14) (got 989.5)"),
+])
+def test_a_card_written_in_datasheet_units_is_refused_naming_the_unit(tmp_path: Path, field, value, message) -> None:
+    card = {"name": "X", "vendor": "Y", "memory_bytes": 8e10, "memory_bandwidth_bytes_per_s": 3.35e12,
+            "peak_flops_per_s": {"bf16": 9.895e14}, field: value}
+    (tmp_path / "gpu.yaml").write_text(json.dumps(card))
+    with pytest.raises(ConfigError) as excinfo:
+        load_hardware("gpu.yaml", base_dir=tmp_path)
+    assert _one_line_error(excinfo) == f"{tmp_path / 'gpu.yaml'}: {message}"
 
 
 def test_unknown_name_lists_available_cards() -> None:

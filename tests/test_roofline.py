@@ -166,3 +166,21 @@ def test_context_free_part_is_rounded_to_the_nearest_unit():
         exact = st.context_free_s(tokens, 1) * SUBPS_PER_S
         assert st.tokens_subps(tokens, 1) == round(exact)
         assert abs(st.tokens_subps(tokens, 1) - exact) <= 0.5
+
+
+def test_tensor_parallelism_without_a_scale_up_link_runs_over_the_documented_pcie_link():
+    # a card without interconnect_bandwidth_bytes_per_s (L40S, L4) at TP 2 all-reduced over an undocumented
+    # 64 GB/s, while the card's field said "tensor parallelism over PCIe is not described by this card"
+    from pathlib import Path
+
+    from servesim.roofline import PCIE_LINK_BYTES_PER_S
+
+    l40s, model = load_hardware("l40s"), load_model("llama-3.1-8b")
+    assert l40s.interconnect_bandwidth_bytes_per_s is None
+    over_pcie = l40s.model_copy(update={"interconnect_bandwidth_bytes_per_s": PCIE_LINK_BYTES_PER_S})
+    for tokens in (1, 512):
+        assert (build_step_time_model(l40s, model, 2, "calibrated").step_s(tokens, 1, 1000, 0, 1)
+                == build_step_time_model(over_pcie, model, 2, "calibrated").step_s(tokens, 1, 1000, 0, 1))
+    readme = (Path(__file__).resolve().parents[1] / "hardware" / "README.md").read_text(encoding="utf-8")
+    said = f"{PCIE_LINK_BYTES_PER_S / 1e9:g} GB/s bidirectional (`servesim.roofline.PCIE_LINK_BYTES_PER_S`)"
+    assert said in " ".join(readme.split())

@@ -108,3 +108,25 @@ def test_default_start_id_on_a_tiny_vocabulary_still_checks_rules_1_to_6(tmp_pat
     assert capsys.readouterr().out.splitlines()[0] == "vocab type differs: SPM (target BPE, draft SPM)"
     assert main(["check-draft", str(tmp_path / "t.yaml"), str(tmp_path / "t.yaml")]) == 0
     assert capsys.readouterr().out.strip() == "compatible"
+
+
+@pytest.mark.parametrize("tokenizer, message", [
+    # each was a traceback (IndexError, ValueError, TypeError) of check-draft
+    ({"model": {"type": "BPE", "vocab": {"a": -1}}},
+     "model.vocab['a']: expected a token id, an integer >= 0 (got -1)"),
+    ({"model": {"type": "BPE", "vocab": {"a": "x"}}},
+     "model.vocab['a']: expected a token id, an integer >= 0 (got 'x')"),
+    ({"model": {"type": "BPE", "vocab": {"a": None}}},
+     "model.vocab['a']: expected a token id, an integer >= 0 (got None)"),
+    ({"model": {"type": "Unigram", "vocab": [["a", 0.0], 5]}}, "model.vocab[1]: expected a [piece, score] pair (got 5)"),
+    ({"model": {"type": "BPE", "vocab": {"a": 0}}, "added_tokens": [{"id": "z", "content": "b"}]},
+     "added_tokens[0].id: expected a token id, an integer >= 0 (got 'z')"),
+])
+def test_a_bad_token_id_in_a_tokenizer_json_is_one_line(tmp_path, capsys, tokenizer, message):
+    import json
+
+    from servesim.cli import main
+
+    (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
+    assert main(["check-draft", str(DATA / "target"), str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {tmp_path / 'tokenizer.json'}: {message}\n"

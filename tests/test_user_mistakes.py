@@ -499,17 +499,23 @@ def test_tune_k_refuses_impossible_grids_by_their_option(tmp_path, capsys, optio
      "tensor_parallel_size: total number of attention heads (32) must be divisible by tensor parallel size (3)"),
     ("engine.max_num_batched_tokens=8",
      "engine: max_num_batched_tokens (8) must be greater than or equal to max_num_seqs (1024)"),
-    # a bandwidth or peak FLOP/s near zero overflowed the integer coefficient (a traceback)
-    ("hardware={name: x, vendor: y, memory_bytes: 8.0e+10, memory_bandwidth_bytes_per_s: 1.0e-300, "
-     "peak_flops_per_s: {bf16: 1.0e+15}}",
+    # a bandwidth or peak FLOP/s near zero overflowed the integer coefficient (a traceback); the card refuses
+    # those below its base units now, efficiencies near zero still reach the coefficient's check
+    ("hardware={name: x, vendor: y, memory_bytes: 8.0e+10, memory_bandwidth_bytes_per_s: 3.0e+12, "
+     "attention_bandwidth_efficiency: 1.0e-300, peak_flops_per_s: {bf16: 1.0e+15}}",
      "roofline: the KV-cache read time per context token is inf s with these step-time settings "
      "(memory_bandwidth_bytes_per_s, peak_flops_per_s and the efficiencies of the hardware card or roofline); "
      "servesim's steps take at most 70.4 s"),
     ("hardware={name: x, vendor: y, memory_bytes: 8.0e+10, memory_bandwidth_bytes_per_s: 3.0e+12, "
-     "peak_flops_per_s: {bf16: 1.0e-300}}",
+     "compute_efficiency: 1.0e-320, peak_flops_per_s: {bf16: 1.0e+15}}",
      "roofline: the attention time per (query, key) pair is inf s with these step-time settings "
      "(memory_bandwidth_bytes_per_s, peak_flops_per_s and the efficiencies of the hardware card or roofline); "
      "servesim's steps take at most 70.4 s"),
+    # a card without a 16-bit peak under a bf16 model raised KeyError: 'fp16' (a traceback)
+    ("hardware={name: x, vendor: y, memory_bytes: 8.0e+10, memory_bandwidth_bytes_per_s: 3.0e+12, "
+     "peak_flops_per_s: {fp8: 2.0e+15, int8: 2.0e+15}}",
+     "hardware: x lists no bf16 or fp16 peak in peak_flops_per_s (has fp8, int8), which the bf16 weights of model "
+     "Llama-3.1-8B need: add one to the card, or give the model weights of a type it lists"),
 ])
 def test_settings_refused_when_wired_name_the_config_file(tmp_path, capsys, override, message):
     cfg, err = refused_run(tmp_path, capsys, config=_with(override))

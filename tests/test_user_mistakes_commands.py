@@ -4,6 +4,8 @@ the files they read get one line naming the option or the file, the field or lin
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -443,3 +445,61 @@ def test_the_parsed_options_are_the_commands_own(argv, expected):
         assert parsed == expected
     else:
         assert parsed["k"] == 3 and str(parsed["input"]) == "p.jsonl"
+
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = REPO / "workloads" / "examples"
+VOCAB = REPO / "tests" / "data" / "vocab"
+
+
+@pytest.mark.parametrize("source, argv", [
+    # a byte-order mark (Excel's "CSV UTF-8", Notepad) was read as part of the first field or refused as JSON:
+    # "line 1: missing column(s) batch_size", "invalid JSON (Unexpected UTF-8 BOM ...)", "no llama.cpp
+    # speculative statistics found"; trace files already dropped it
+    (EXAMPLES / "step-times-h100-llama8b-synthetic.csv",
+     ["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--quiet", "--data", "{file}"]),
+    (EXAMPLES / "ngram-pairs.jsonl", ["acceptance", "ngram", "--k", "3", "--input", "{file}"]),
+    (EXAMPLES / "llamacpp-responses.jsonl", ["acceptance", "from-llamacpp", "--k", "4", "--input", "{file}"]),
+    (EXAMPLES / "vllm-specdecode-eagle3-k3.log", ["acceptance", "from-vllm-log", "--input", "{file}"]),
+    (VOCAB / "draft-padded" / "tokenizer.json", ["check-draft", str(VOCAB / "target"), "{folder}"]),
+])
+def test_a_byte_order_mark_changes_nothing(tmp_path, capsys, source, argv):
+    folder = tmp_path / "in"
+    shutil.copytree(source.parent, folder)
+    file = folder / source.name
+    args = [a.replace("{file}", str(file)).replace("{folder}", str(folder)) for a in argv]
+    assert main(args) == 0
+    plain = capsys.readouterr()
+    file.write_bytes(b"\xef\xbb\xbf" + file.read_bytes())
+    assert main(args) == 0
+    assert capsys.readouterr() == plain
+
+
+def test_a_vllm_bench_result_with_a_byte_order_mark_is_read(tmp_path):
+    from servesim.analysis.calibrate import read_vllm_bench_json
+
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps({"completed": 8, "max_concurrency": 4, "total_input_tokens": 800,
+                                "total_output_tokens": 80, "median_tpot_ms": 9.0}))
+    plain = read_vllm_bench_json(path)
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())  # was: invalid JSON (Unexpected UTF-8 BOM ...)
+    assert read_vllm_bench_json(path) == plain
+
+
+def test_a_draft_model_of_the_option_that_does_not_fit_names_the_option_with_the_file(tmp_path, capsys):
+    # named the file alone ("c.yaml: tensor_parallel_size: ... + the draft model llama-3.1-70b's weights"),
+    # where the user would look in vain; README: --speculative-config names itself
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    spec = {"method": "draft_model", "model": "llama-3.1-70b", "num_speculative_tokens": 2,
+            "acceptance": {"alpha": 0.7}}
+    argv = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--speculative-config", json.dumps(spec)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {cfg} with --speculative-config: tensor_parallel_size: Llama-3.1-8B does "
+                          "not fit on 1 x H100 SXM: per GPU, its weights 16.1 GB + the draft model llama-3.1-70b's "
+                          "weights 141.1 GB"), err
+    # a target that does not fit without its drafter is the file's mistake, with or without the option
+    config = write_yaml(tmp_path / "big.yaml", {**SMALL, "model": "llama-3.1-405b"})
+    assert main(["run", str(config), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err.startswith(f"servesim: error: {config}: tensor_parallel_size: Llama-3.1-405B does "
+                                              "not fit")

@@ -86,3 +86,20 @@ def test_capacity_max_requests_on_a_closed_loop_workload_gives_the_capacity_erro
                  "--out", str(tmp_path / "o")]) == 2
     assert capsys.readouterr().err == (f"servesim: error: {cfg}: workload.type: capacity search needs an open-loop "
                                        "workload (trace, poisson or gamma), not closed_loop\n")
+
+
+def test_a_kv_cache_of_one_block_is_refused_as_not_fitting(tmp_path, capsys):
+    # block 0 is vLLM's null block, so one block holds nothing: memory for one block, or
+    # num_gpu_blocks_override: 1, stopped with the engine's "engine: block_size, max_num_seqs and
+    # max_num_batched_tokens must be >= 1 and KV blocks >= 2", naming settings that were fine
+    from servesim.cards import load_hardware, load_model
+
+    model, gpu = load_model("llama-3.1-8b"), load_hardware("h100-sxm")
+    block = model.kv_bytes_per_token_per_gpu(1) * 16
+    reserve = 0.92 * gpu.memory_bytes - model.weight_bytes - 1.5 * block  # leaves room for one block and a half
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, "engine": {"activation_reserve_bytes": reserve}})
+    assert err.startswith(f"servesim: error: {cfg}: engine.max_num_batched_tokens: Llama-3.1-8B does not fit on "
+                          "1 x H100 SXM: per GPU, its weights 16.1 GB + the activation reserve "), err
+    _, err = refused_run(tmp_path, capsys, "--set", "engine.num_gpu_blocks_override=1")
+    assert err == ("servesim: error: --set: engine.num_gpu_blocks_override: Input should be greater than or equal "
+                   "to 2 (got 1)\n")

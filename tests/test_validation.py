@@ -150,10 +150,24 @@ def test_unknown_metric_is_one_line_error(tmp_path):
     p = _write(tmp_path, GOOD.replace("metric: spec_decode.mean_acceptance_length", "metric: tokens_per_joule"))
     with pytest.raises(ConfigError, match=r"cases\[0\]\.measured\.metric: unknown summary metric"):
         load_case_file(p)  # before any case runs
-    p = _write(tmp_path, GOOD.replace("metric: spec_decode.mean_acceptance_length", "metric: e2e_s.p98"))
+    p = _write(tmp_path, GOOD.replace("metric: spec_decode.mean_acceptance_length, unit: tokens",
+                                      "metric: e2e_s.p98, unit: s"))
     (lc,) = load_case_file(p)  # a part of a group is known once the run's summary is there
     with pytest.raises(ConfigError, match=r"cases\[0\]\.measured\.metric: unknown summary metric 'e2e_s.p98'"):
         run_case(lc)
+
+
+@pytest.mark.parametrize("metric, unit", [("ttft_s.mean", "ms"), ("measurement_window.tpot_s.mean", "msec")])
+def test_a_time_metric_measured_in_another_unit_than_seconds_is_refused(tmp_path, metric, unit):
+    # the unit was not read: 20 ms of TTFT were compared with the summary's seconds, "-100% outside tolerance"
+    text = GOOD.replace("metric: spec_decode.mean_acceptance_length, unit: tokens, value: 1.75",
+                        f"metric: {metric}, unit: {unit}, value: 20")
+    with pytest.raises(ConfigError) as exc:
+        load_case_file(_write(tmp_path, text))
+    assert str(exc.value) == (f"{tmp_path / 'case.yaml'}: cases.0.measured: unit {unit!r} for metric {metric}, which "
+                              "servesim reports in seconds (expected unit s, with the value in seconds: 20 ms is 0.02)")
+    (lc,) = load_case_file(_write(tmp_path, text.replace(f"unit: {unit}, value: 20", "unit: s, value: 0.02")))
+    assert lc.case.measured.unit == "s"
 
 
 def test_missing_case_path_is_config_error(tmp_path):

@@ -284,7 +284,21 @@ MALFORMED = [
     ("mooncake_not_object.jsonl", r"line 2: expected a JSON object .*\(got list\)"),
     ("trace.txt", r"cannot tell the trace format from the extension '\.txt'"),
     ("no_such_file.csv", r"trace file not found"),
+    # said "cannot tell the trace format from the extension ''" of a file that is not there
+    ("no_such_file", r"trace file not found"),
 ]
+
+
+def test_a_folder_given_as_a_trace_is_said_to_be_one(tmp_path):
+    # said "cannot tell the trace format from the extension ''" (a lengths file too)
+    from servesim.workload.lengths import EmpiricalPairsConfig
+
+    with pytest.raises(TraceError) as info:
+        load_trace(tmp_path)
+    assert str(info.value) == f"{tmp_path}: is a folder (expected a trace file)"
+    with pytest.raises(TraceError) as info:
+        EmpiricalPairsConfig(type="empirical", path=str(tmp_path)).build(tmp_path)
+    assert str(info.value) == f"{tmp_path}: is a folder (expected a trace file)"
 
 
 @pytest.mark.parametrize("name, pattern", MALFORMED)

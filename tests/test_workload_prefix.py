@@ -507,3 +507,16 @@ def test_every_shipped_run_config_validates_again_from_its_dump():
         assert isinstance(again, SimConfig) and again.model_dump() == config.model_dump(), path
         checked += 1
     assert checked >= 15
+
+
+@pytest.mark.parametrize("system_prompts, message", [
+    ({"num_prompts": 3, "prompt_lengths": [5, 6]}, "num_prompts (3) must equal the number of prompt_lengths (2)"),
+    ({"prompt_tokens": FIXED}, "num_prompts is required with prompt_tokens"),
+    ({"num_prompts": 2, "prompt_tokens": FIXED, "prompt_lengths": [5, 6]},
+     "give exactly one of prompt_tokens (with num_prompts) and prompt_lengths"),
+])
+def test_a_system_prompts_check_names_its_section_once(system_prompts, message):
+    # read "test.yaml: system_prompts: system_prompts: num_prompts (3) must equal ..."
+    with pytest.raises(ConfigError) as info:
+        cfg({**poisson_with_system_prompts(5), "system_prompts": system_prompts})
+    assert str(info.value) == f"test.yaml: system_prompts: {message}"

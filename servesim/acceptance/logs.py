@@ -198,7 +198,7 @@ def fit_constant_alpha(mean_length: float, k: int) -> float:
 
 def _read_text(path: Path) -> str:
     try:
-        return path.read_text(encoding="utf-8", errors="replace")
+        return path.read_text(encoding="utf-8", errors="replace").removeprefix("\ufeff")
     except FileNotFoundError:
         raise TraceError(f"{path}: file not found") from None
     except OSError as exc:

@@ -138,7 +138,7 @@ def _special_id(value: Any, table: dict[str, int]) -> int | None:
 
 def _read_json(path: Path) -> Any:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        return json.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"))
     except UnicodeDecodeError as exc:
         from servesim.input_files import not_utf8_message
 
@@ -151,6 +151,13 @@ def _read_json(path: Path) -> Any:
         raise ConfigError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from None
 
 
+def _token_id(value: Any, path: Path, field: str) -> int:
+    """A token id of a tokenizer.json, an integer >= 0 (a string, null or negative id was a traceback)."""
+    if type(value) is not int or value < 0:
+        raise ConfigError(f"{path}: {field}: expected a token id, an integer >= 0 (got {value!r})")
+    return value
+
+
 def _from_tokenizer_json(path: Path, name: str | None = None) -> Vocab:
     data = _read_json(path)
     model = data.get("model") if isinstance(data, dict) else None
@@ -159,14 +166,17 @@ def _from_tokenizer_json(path: Path, name: str | None = None) -> Vocab:
     raw = model["vocab"]
     table: dict[str, int] = {}
     if isinstance(raw, dict):
-        table = {str(k): int(v) for k, v in raw.items()}
+        table = {str(k): _token_id(v, path, f"model.vocab[{k!r}]") for k, v in raw.items()}
     elif isinstance(raw, list):  # Unigram: [[piece, score], ...]
-        table = {str(entry[0]): i for i, entry in enumerate(raw)}
+        for i, entry in enumerate(raw):
+            if not isinstance(entry, list) or not entry:
+                raise ConfigError(f"{path}: model.vocab[{i}]: expected a [piece, score] pair (got {entry!r})")
+            table[str(entry[0])] = i
     else:
         raise ConfigError(f"{path}: model.vocab: expected a mapping or a list")
-    for tok in data.get("added_tokens") or []:
+    for n, tok in enumerate(data.get("added_tokens") or []):
         if isinstance(tok, dict) and "id" in tok and "content" in tok:
-            table[str(tok["content"])] = int(tok["id"])
+            table[str(tok["content"])] = _token_id(tok["id"], path, f"added_tokens[{n}].id")
     size = max(table.values()) + 1 if table else 0
     texts: list[str | None] = [None] * size
     for text, i in table.items():

@@ -121,6 +121,8 @@ def _int_field(text: str, name: str, where: str, minimum: int) -> int:
 
 def _positive_float(text: Any, name: str, where: str) -> float:
     try:
+        if isinstance(text, bool):  # a JSON true is not a number (it was read as 1)
+            raise TypeError
         value = float(text)
     except (TypeError, ValueError):
         raise ConfigError(f"{where}: {name}: expected a positive number (got {text!r})") from None

@@ -70,6 +70,10 @@ class Measured(_Strict):
             raise ValueError("give exactly one of value and interval")
         if self.interval is not None and not 0 < self.interval[0] <= self.interval[1]:
             raise ValueError("interval must be [low, high] with 0 < low <= high")
+        if any(part.endswith("_s") for part in self.metric.split(".")) and self.unit.strip() != "s":
+            # the value is compared with the summary's as written: 20 ms of TTFT read as 20 s
+            raise ValueError(f"unit {self.unit!r} for metric {self.metric}, which servesim reports in seconds "
+                             "(expected unit s, with the value in seconds: 20 ms is 0.02)")
         return self
 
     @property

@@ -7,9 +7,9 @@ real server reaches is modelled by separate, named calibration fields, never fol
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from servesim.input_models import InputModel
 from servesim.errors import ConfigError
@@ -18,6 +18,14 @@ from servesim.errors import ConfigError
 ComputeDtype = Literal["bf16", "fp16", "fp8", "int8"]
 
 _GIB = 2**30
+
+#: The least value of a card field in its base unit, the unit and an example: below it, the value was written
+#: in the datasheet's unit (GB, TB/s, TFLOP/s). No accelerator has less than 100 MB, 1 GB/s or 1 GFLOP/s.
+_BASE_UNITS = {
+    "memory_bytes": (1e8, "bytes", "vendor GB x 1e9: 80 GB is 8.0e+10"),
+    "memory_bandwidth_bytes_per_s": (1e9, "bytes/s", "3.35 TB/s is 3.35e+12"),
+    "peak_flops_per_s": (1e9, "FLOP/s", "989.5 TFLOP/s is 9.895e+14"),
+}
 
 
 def vllm_default_scheduler_limits(name: str, memory_bytes: float) -> tuple[int, int]:
@@ -55,7 +63,7 @@ class HardwareCard(InputModel):
     vendor: str = Field(description="NVIDIA, AMD, Intel, ...")
     memory_bytes: float = Field(gt=0, description="Device memory in bytes (vendor GB x 1e9).")
     memory_bandwidth_bytes_per_s: float = Field(gt=0, description="Peak HBM/GDDR bandwidth in bytes/s.")
-    peak_flops_per_s: dict[ComputeDtype, float] = Field(
+    peak_flops_per_s: dict[ComputeDtype, Annotated[float, Field(gt=0)]] = Field(
         min_length=1,
         description="Dense (no 2:4 sparsity) tensor-core peak FLOP/s (OP/s for int8) per compute type; "
         "types the GPU does not support are absent (no fp8 on A100).",
@@ -65,7 +73,8 @@ class HardwareCard(InputModel):
         gt=0,
         description="Scale-up link (NVLink, Infinity Fabric, RoCE) bandwidth in bytes/s, the BIDIRECTIONAL "
         "total as the vendor states it (per direction is half: NVLink 4's 900e9 is 450e9 each way). None: "
-        "no scale-up link (L40S, L4); tensor parallelism over PCIe is not described by this card.",
+        "no scale-up link (L40S, L4); a tensor-parallel group then all-reduces over PCIe Gen4 x16, 64e9 "
+        "bidirectional (servesim.roofline.PCIE_LINK_BYTES_PER_S).",
     )
     bandwidth_efficiency: float = Field(
         default=0.80,
@@ -190,6 +199,22 @@ class HardwareCard(InputModel):
         "(filled from vllm_default_scheduler_limits when absent).",
     )
     source: str = Field(default="", description="Where the numbers come from.")
+
+    @field_validator("memory_bytes", "memory_bandwidth_bytes_per_s", "peak_flops_per_s")
+    @classmethod
+    def _in_base_units(cls, value: Any, info: Any) -> Any:
+        # a card written in the datasheet's units (80 GB, 3.35 TB/s, 989.5 TFLOP/s) passed as bytes and FLOP/s
+        # and ended in "does not fit ... in 0.92 x 0.0 GB" or a step-time overflow naming no field of the card
+        least, unit, example = _BASE_UNITS[info.field_name]
+        expected = f"expected {unit}, at least {least:g} ({example})"
+        if not isinstance(value, dict):
+            if value < least:
+                raise ValueError(expected)
+            return value
+        for dtype, peak in value.items():  # the message names the entry (the formatter shows no mapping)
+            if peak < least:
+                raise ValueError(f"{dtype}: {expected} (got {peak!r})")
+        return value
 
     @model_validator(mode="before")
     @classmethod

@@ -82,7 +82,7 @@ class ModelCard(InputModel):
     )
     explicit_kv_bytes_per_token: int | None = Field(
         default=None,
-        ge=0,
+        gt=0,
         alias="kv_bytes_per_token",
         description="Explicit card only (YAML key ``kv_bytes_per_token``): KV-cache bytes per token.",
     )

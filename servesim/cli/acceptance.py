@@ -120,7 +120,7 @@ def read_pairs(path: Path) -> list[tuple[list[Any], list[Any]]]:
     from servesim.input_files import not_utf8_message
 
     try:
-        lines = path.read_text(encoding="utf-8").splitlines()
+        lines = path.read_text(encoding="utf-8").removeprefix("\ufeff").splitlines()
     except UnicodeDecodeError as exc:
         raise TraceError(not_utf8_message(path, exc)) from None
     except OSError as exc:

@@ -40,9 +40,10 @@ class EngineConfig(_Strict):
         enable_chunked_prefill: split long prompts over steps (vLLM V1 default on).
         enable_prefix_caching: vLLM's automatic prefix caching (reuse of cached KV blocks of shared
             prefixes, :mod:`servesim.engine.block_manager`). Default on, as vLLM 0.32 resolves it for a
-            generative model (``EngineArgs``: ``model_config.is_prefix_caching_supported``). Not modelled
-            with speculative decoding yet: the speculative engine runs without it.
-        num_gpu_blocks_override: fix the KV-cache size in blocks instead of deriving it from memory.
+            generative model (``EngineArgs``: ``model_config.is_prefix_caching_supported``), with speculative
+            decoding too (README "Prefix caching").
+        num_gpu_blocks_override: fix the KV-cache size in blocks instead of deriving it from memory; at
+            least 2 (block 0 is vLLM's null block, never allocated).
         activation_reserve_bytes: per-GPU bytes kept for activations, sampler and CUDA graphs; default:
             derived from the model and the token budget (see :mod:`servesim.engine.kv_cache`).
         max_model_len: longest prompt + output a request may have (tokens); default: the model card's.
@@ -58,7 +59,7 @@ class EngineConfig(_Strict):
     gpu_memory_utilization: float = Field(default=0.92, gt=0.0, le=1.0)
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
-    num_gpu_blocks_override: int | None = Field(default=None, ge=1)
+    num_gpu_blocks_override: int | None = Field(default=None, ge=2)
     activation_reserve_bytes: float | None = Field(default=None, ge=0.0)
     max_model_len: int | None = Field(default=None, ge=1)
     async_scheduling: bool | None = None

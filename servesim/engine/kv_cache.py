@@ -56,7 +56,7 @@ def kv_cache_blocks(
     ``block_size`` tokens).
 
     Raises:
-        SettingError: the weights and activations leave no room for a single block (named
+        SettingError: the weights and activations leave no room for a block beside vLLM's null block (named
             ``engine.max_num_batched_tokens`` when the weights alone fit and the activation reserve of the
             token budget takes the rest, else ``tensor_parallel_size``).
     """
@@ -74,7 +74,7 @@ def kv_cache_blocks(
     free = usable - weights - reserve
     per_block = (model.kv_bytes_per_token_per_gpu(tp) + extra_kv_bytes_per_token_per_gpu) * block_size
     blocks = int(free // per_block) if per_block > 0 else 0
-    if blocks < 1:
+    if blocks < 2:  # block 0 is vLLM's null block: one block holds no request's KV
         drafter = (f" + {extra_name}'s weights {_gigabytes(extra_weight_bytes_per_gpu)}"
                    if extra_weight_bytes_per_gpu > 0 else "")
         # the setting that tipped it: the weights alone leave room, the token budget's activations take it
@@ -85,7 +85,9 @@ def kv_cache_blocks(
             f"(at max_num_batched_tokens={max_num_batched_tokens}) leave no KV-cache block in "
             f"gpu_memory_utilization {gpu_memory_utilization:g} x {_gigabytes(float(hardware.memory_bytes))} "
             "(raise tensor_parallel_size or engine.gpu_memory_utilization, or lower engine.max_num_batched_tokens)",
-            depends_on=FIT_DEPENDS_ON,
+            # a drafter's weights and KV make the speculative config part of the mistake
+            depends_on=FIT_DEPENDS_ON if extra_weight_bytes_per_gpu > 0 or extra_kv_bytes_per_token_per_gpu > 0
+            else tuple(k for k in FIT_DEPENDS_ON if k != "speculative_config"),
         )
     return blocks
 

@@ -47,15 +47,15 @@ class SystemPromptsConfig(InputModel):
     @model_validator(mode="after")
     def _check_lengths(self) -> "SystemPromptsConfig":
         if (self.prompt_tokens is None) == (self.prompt_lengths is None):
-            raise ValueError("system_prompts: give exactly one of prompt_tokens (with num_prompts) and prompt_lengths")
+            raise ValueError("give exactly one of prompt_tokens (with num_prompts) and prompt_lengths")
         if self.prompt_lengths is None:
             if self.num_prompts is None:
-                raise ValueError("system_prompts: num_prompts is required with prompt_tokens")
+                raise ValueError("num_prompts is required with prompt_tokens")
         elif self.num_prompts is None:
             self.num_prompts = len(self.prompt_lengths)
         elif self.num_prompts != len(self.prompt_lengths):
             raise ValueError(
-                f"system_prompts: num_prompts ({self.num_prompts}) must equal the number of prompt_lengths "
+                f"num_prompts ({self.num_prompts}) must equal the number of prompt_lengths "
                 f"({len(self.prompt_lengths)})"
             )
         return self

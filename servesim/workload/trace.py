@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from servesim.errors import TraceError
-from servesim.workload.rawtrace import RawTrace
+from servesim.workload.rawtrace import RawTrace, read_trace_text
 from servesim.workload.workload import TraceMeta, Workload
 
 TRACE_FORMATS = ("azure", "mooncake")
@@ -65,6 +65,8 @@ def read_trace(path: str | Path, format: str = "auto", prefix_block_ids: bool = 
         TraceError: the file is missing or malformed (see the format parsers).
     """
     p = Path(path)
+    if p.is_dir() or not p.exists():  # said as such, not as an extension that tells no format
+        read_trace_text(p)
     fmt = detect_format(p, format)
     try:
         st = p.stat()
