@@ -224,6 +224,12 @@ def test_seed_is_drawn_from_the_content_keyed_child_sequence(tmp_path):
          "zip: expected a list of groups, each a mapping of dotted keys to equal-length lists "
          "(- {hardware: [h100-sxm, h200-sxm], engine.max_num_seqs: [64, 128]}), got a mapping"),
         ({"replications": 0}, "replications"),
+        # the sweep seeds every run itself: a variant's seed never reached its runs, which ran as the others'
+        ({"variants": {"plain": {}, "other": {"seed": 3}}, "baseline": "plain"},
+         "variant 'other': 'seed': the sweep seeds every run itself (from its own seed and each point's swept "
+         "values), so a run config's seed set here is never used"),
+        ({"grid": {"seed": [1, 2]}, "columns": {"seed": "s"}}, "grid or zip key 'seed': the sweep seeds every run"),
+        ({"zip": [{"seed": [1, 2], "engine.block_size": [16, 32]}]}, "grid or zip key 'seed': the sweep seeds"),
         ({"grids": {}}, "unknown key"),
         ({"grid": {"engine..max_num_seqs": [1]}}, "invalid key"),
     ],

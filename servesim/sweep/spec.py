@@ -162,6 +162,14 @@ class SweepConfig(InputModel):
     @model_validator(mode="after")
     def _consistent(self) -> SweepConfig:
         keys = self.swept_keys()
+        # every run's seed is the sweep's own (its root ``seed`` and the point's swept values): a run config's
+        # seed set here would never reach a run (a variant's ran exactly as the others)
+        setters = ["grid or zip key 'seed'"] * ("seed" in keys) + [
+            f"variant {name!r}: 'seed'" for name, overrides in self.variants.items() if "seed" in overrides]
+        if setters:
+            raise _invalid(f"{setters[0]}: the sweep seeds every run itself (from its own seed and each point's "
+                           "swept values), so a run config's seed set here is never used; give replications: N "
+                           "for more draws, or the sweep's seed: for other ones")
         seen: set[str] = set()
         for key in keys:
             if key in seen:
