@@ -288,6 +288,23 @@ def test_plot_of_a_capacity_folder_says_whose_it_is(tmp_path, capsys):
                                        "(`servesim capacity` draws its own figures)\n")
 
 
+@pytest.mark.parametrize("make, message", [
+    (None, "does not exist (expected the output folder of `servesim sweep`)"),
+    ("file", "is a file (expected the output folder of `servesim sweep`)"),
+    ("folder", "no summary.csv (expected the output folder of `servesim sweep`; run one first)"),
+])
+def test_plot_of_no_sweep_folder_says_what_the_path_is(tmp_path, capsys, make, message):
+    # was "DIR/summary.csv: cannot read the sweep summary (FileNotFoundError|NotADirectoryError); run `servesim
+    # sweep` first", naming a file under a path that does not exist or is a file
+    path = tmp_path / "o"
+    if make == "file":
+        path.write_text("x\n")
+    elif make == "folder":
+        path.mkdir()
+    assert main(["plot", str(path)]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {path}: {message}\n"
+
+
 @pytest.mark.parametrize("measure", [{"after_completed": 60}, {"after_s": 1e6}, {"until_s": 1e-3}])
 def test_a_measurement_window_that_holds_no_request_is_refused(tmp_path, capsys, measure):
     # was accepted: summary.json's measurement_window read 0.0 req/s and 0.0 tok/s (start_s 1e6 > end_s)
