@@ -244,6 +244,17 @@ def test_invalid_sweep_files_give_one_line_config_error(tmp_path, change, needle
     assert "\n" not in text and text.startswith(str(path)) and needle in text
 
 
+@pytest.mark.parametrize("base, got", [(5, " (got 5)"), (None, " (got None)"), (["a.yaml"], " (got a list)"),
+                                       ("", " (got '')")])
+def test_a_base_that_is_no_path_or_mapping_says_what_base_takes(tmp_path, base, got):
+    # a number read "base: Input should be a valid string (got 5) [and 1 more error]": base may be a mapping too
+    path = write_sweep(tmp_path, {"base": base})
+    with pytest.raises(ConfigError) as exc:
+        load_sweep(path)
+    assert str(exc.value) == (f"{path}: base: expected the path of a run config file (relative to the sweep file) "
+                              f"or an inline mapping of run settings{got}")
+
+
 def test_missing_base_file_is_named(tmp_path):
     path = tmp_path / "s.yaml"
     path.write_text("base: nowhere.yaml\n", encoding="utf-8")
