@@ -288,6 +288,19 @@ def test_plot_of_a_capacity_folder_says_whose_it_is(tmp_path, capsys):
                                        "(`servesim capacity` draws its own figures)\n")
 
 
+@pytest.mark.parametrize("option", [["--max-rate", "1e-06"], ["--replicas", "1e-06"]])
+def test_capacity_at_a_rate_too_low_to_simulate_names_the_option(tmp_path, capsys, option):
+    # was "c.yaml: workload: the last request arrives at ... s; ...: raise the rate or rate_scale", blaming the
+    # config's file for the rate the option gave
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", *option, "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {option[0]}: 1e-06 requests/s cannot be simulated (workload: the last "
+                          "request arrives at "), err
+    assert err.endswith(" of arrivals: raise the rate or rate_scale)\n") and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("make, message", [
     (None, "does not exist (expected the output folder of `servesim sweep`)"),
     ("file", "is a file (expected the output folder of `servesim sweep`)"),

@@ -347,7 +347,8 @@ class CapacitySearch:
         lo = hi = None
         capped = False
         stopped = None
-        first = self.evaluate(r)
+        # a start that --max-rate lowered is the user's rate, not the config's
+        first = self._evaluate_given(r, "--max-rate") if max_rate is not None and r == max_rate else self.evaluate(r)
         if first.passed:
             lo = r
             # with max_rate the user bounds the search; without it, at most MAX_RATE_STEPS doublings
@@ -395,6 +396,24 @@ class CapacitySearch:
         return CapacityResult("rate", lo, capped, list(self.evaluations), self.slos, self.goodput_share, tolerance,
                               self.replications, stopped if lo is None or capped else None)
 
+    def _evaluate_given(self, rate: float, option: str, replicas: int | None = None) -> Evaluation:
+        """:meth:`evaluate` at a ``rate`` (requests/s) that the command-line ``option`` gave: a rate that cannot
+        be simulated names the option (the config's file and its rate are not the mistake).
+
+        Raises:
+            ConfigError: one line naming ``option``, the rate and why it cannot be simulated.
+        """
+        from servesim.errors import ServesimError
+
+        try:
+            return self.evaluate(rate, replicas)
+        except ServesimError as exc:
+            prefix = f"{self.cfg.source}: " if self.cfg.source is not None else ""
+            if not isinstance(exc, SettingError) or not str(exc).startswith(f"{prefix}workload: "):
+                raise  # not about the arrivals the rate sets: the config's own mistake
+            raise ConfigError(f"{option}: {rate:.4g} requests/s cannot be simulated "
+                              f"({str(exc).removeprefix(prefix)})") from None
+
     def _explore(self, rate: float) -> tuple[Evaluation | None, str | None]:
         """Evaluate an exploratory rate (beyond the start rate); ``(None, why)`` when it cannot be simulated
         (e.g. arrivals past the engine's clock at a tiny rate), which ends the search in that direction."""
@@ -420,7 +439,7 @@ class CapacitySearch:
         fail, ok = 0, None
         r = 1
         while True:
-            if self.evaluate(target_rate, r).passed:
+            if self._evaluate_given(target_rate, "--replicas", r).passed:
                 ok = r
                 break
             fail = r
