@@ -288,6 +288,22 @@ def test_plot_of_a_capacity_folder_says_whose_it_is(tmp_path, capsys):
                                        "(`servesim capacity` draws its own figures)\n")
 
 
+@pytest.mark.parametrize("slo", ["tpot_p99=0.05", "itl_p50=0.01"])
+def test_capacity_with_an_slo_no_request_defines_is_refused(tmp_path, capsys, slo):
+    # every request has one output token, so no TPOT or ITL: the search halved the rate 17 times and answered
+    # "meets the SLOs at no rate down to 3.052e-05 requests/s"
+    workload = {**SMALL["workload"], "output_tokens": {"type": "fixed", "value": 1}}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload})
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=1", "--slo", slo, "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 2
+    rate = f"{SMALL['workload']['rate']:.4g}"
+    assert capsys.readouterr().err == (
+        f"servesim: error: --slo: {slo.split('=')[0]} is undefined at {rate} requests/s, where every request "
+        "completed (TPOT and ITL need requests of two or more output tokens); give an objective the workload "
+        "defines\n")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("option", [["--max-rate", "1e-06"], ["--replicas", "1e-06"]])
 def test_capacity_at_a_rate_too_low_to_simulate_names_the_option(tmp_path, capsys, option):
     # was "c.yaml: workload: the last request arrives at ... s; ...: raise the rate or rate_scale", blaming the

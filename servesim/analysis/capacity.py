@@ -13,6 +13,9 @@ numbers: the bisection compares rates, not seeds). It PASSES when
    meet every per-request objective among ``ttft``, ``tpot``, ``e2e``, as
    :func:`servesim.metrics.summarize` defines it) is ``>= S``.
 
+A statistic that is undefined at a point where every request completed (TPOT or ITL of requests of one
+output token) is refused (:class:`ConfigError`): no rate would define it.
+
 The rate is varied through the workload: Poisson/Gamma ``rate`` (requests/s), or for a trace
 ``rate_scale`` with ``rate = trace mean rate x rate_scale``, the trace mean rate being (requests - 1) /
 (last - first arrival) of the replayed window at ``rate_scale = 1`` (requests/s). Closed-loop workloads
@@ -319,6 +322,11 @@ class CapacitySearch:
             done.append(summary["completed"] / max(summary["num_requests"], 1))
             counts.append(int(summary["num_requests"]))
         values = {s.name: float(np.mean([r[s.name] for r in reps])) for s in self.slos}
+        undefined = [s.name for s in self.slos if min(done) >= 1.0 and math.isnan(values[s.name])]
+        if undefined:  # every request finished and none has it: the search would halve the rate ~20 times
+            raise ConfigError(f"--slo: {undefined[0]} is undefined at {rate:.4g} requests/s, where every request "
+                              "completed (TPOT and ITL need requests of two or more output tokens); give an objective "
+                              "the workload defines")
         passed = min(done) >= 1.0 and all(values[s.name] <= s.target_s for s in self.slos)
         if self.goodput_share is not None:
             passed = passed and float(np.mean(attain)) >= self.goodput_share
