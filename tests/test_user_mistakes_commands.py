@@ -304,6 +304,19 @@ def test_capacity_with_an_slo_no_request_defines_is_refused(tmp_path, capsys, sl
     assert not (tmp_path / "o").exists()
 
 
+def test_tune_k_with_an_slo_no_request_defines_is_refused(tmp_path, capsys):
+    # was "no k meets the SLOs (tpot_p99=0.05) at batch size(s) 1, 2", exit 1, of a TPOT no run has
+    workload = {**SMALL["workload"], "output_tokens": {"type": "fixed", "value": 1}}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload,
+                                           "speculative_config": {"method": "eagle", "num_speculative_tokens": 1}})
+    assert main(["tune-k", str(cfg), "--slo", "tpot_p99=0.05", "--batch-sizes", "1,2", "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "servesim: error: --slo: tpot_p99 is undefined at batch size 1 (k=0), where every request completed (TPOT "
+        "and ITL need requests of two or more output tokens); give an objective the workload defines\n")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("option", [["--max-rate", "1e-06"], ["--replicas", "1e-06"]])
 def test_capacity_at_a_rate_too_low_to_simulate_names_the_option(tmp_path, capsys, option):
     # was "c.yaml: workload: the last request arrives at ... s; ...: raise the rate or rate_scale", blaming the

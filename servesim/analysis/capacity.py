@@ -105,6 +105,13 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
     return Slo(metric, stat, target)
 
 
+def undefined_slo(name: str, where: str) -> ConfigError:
+    """The error of an SLO statistic ``name`` undefined ``where`` (``at 2 requests/s``) although every request
+    completed: no request has the metric (TPOT or ITL of one-token outputs), so no setting would meet it."""
+    return ConfigError(f"--slo: {name} is undefined {where}, where every request completed (TPOT and ITL need "
+                       "requests of two or more output tokens); give an objective the workload defines")
+
+
 def parse_slos(texts: list[str], source: str = "--slo") -> list[Slo]:
     """Parse every ``METRIC_STAT=SECONDS`` of a repeated option (see :func:`parse_slo`), in order.
 
@@ -324,9 +331,7 @@ class CapacitySearch:
         values = {s.name: float(np.mean([r[s.name] for r in reps])) for s in self.slos}
         undefined = [s.name for s in self.slos if min(done) >= 1.0 and math.isnan(values[s.name])]
         if undefined:  # every request finished and none has it: the search would halve the rate ~20 times
-            raise ConfigError(f"--slo: {undefined[0]} is undefined at {rate:.4g} requests/s, where every request "
-                              "completed (TPOT and ITL need requests of two or more output tokens); give an objective "
-                              "the workload defines")
+            raise undefined_slo(undefined[0], f"at {rate:.4g} requests/s")
         passed = min(done) >= 1.0 and all(values[s.name] <= s.target_s for s in self.slos)
         if self.goodput_share is not None:
             passed = passed and float(np.mean(attain)) >= self.goodput_share
