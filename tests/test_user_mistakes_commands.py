@@ -304,6 +304,17 @@ def test_capacity_with_an_slo_no_request_defines_is_refused(tmp_path, capsys, sl
     assert not (tmp_path / "o").exists()
 
 
+def test_sweep_into_a_file_is_refused_before_its_size_is_printed(tmp_path, capsys):
+    # printed "sweep: 1 point(s) x 1 replication(s) = 1 run(s)" first, as if the sweep had started
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml"})
+    (tmp_path / "o").write_text("mine\n")
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"servesim: error: --out: {tmp_path / 'o'} is a file, not a folder\n"
+    assert (tmp_path / "o").read_text() == "mine\n"
+
+
 def test_tune_k_with_an_slo_no_request_defines_is_refused(tmp_path, capsys):
     # was "no k meets the SLOs (tpot_p99=0.05) at batch size(s) 1, 2", exit 1, of a TPOT no run has
     workload = {**SMALL["workload"], "output_tokens": {"type": "fixed", "value": 1}}
