@@ -304,6 +304,20 @@ def test_capacity_with_an_slo_no_request_defines_is_refused(tmp_path, capsys, sl
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("key, value", [("workload.num_requests", "100"), ("workload.duration_s", "30")])
+def test_capacity_max_requests_and_a_set_of_the_key_it_replaces_are_refused(tmp_path, capsys, key, value):
+    # --max-requests replaced the --set value silently (the search ran on --max-requests' count, without the
+    # duration the --set gave)
+    count = {"num_requests": None, "duration_s": 10.0} if key == "workload.duration_s" else {}
+    workload = {k: v for k, v in {**SMALL["workload"], **count}.items() if v is not None}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload})
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--set", f"{key}={value}", "--max-requests", "20",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --max-requests: replaces {key}, which --set gives too "
+                                       "(give one of them)\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_sweep_into_a_file_is_refused_before_its_size_is_printed(tmp_path, capsys):
     # printed "sweep: 1 point(s) x 1 replication(s) = 1 run(s)" first, as if the sweep had started
     write_yaml(tmp_path / "c.yaml", SMALL)
