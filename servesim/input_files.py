@@ -247,7 +247,8 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
         msg = f"unknown {tag} {ctx.get('tag')!r} (expected one of {ctx.get('expected_tags')})"
     elif kind in ("model_type", "model_attributes_type", "dict_type"):
         msg = "expected a mapping (key: value pairs)"
-        shown = f" (got {shown_found(got)})"
+        # None at a key is the key written without a value (``engine:``), not an empty file
+        shown = f" (got {'no value' if got is None and loc else shown_found(got)})"
     elif not isinstance(got, (dict, list)) and kind not in BOOL_FOR_NUMBER_ERRORS:
         shown = f" (got {shown_value(got)})"
     more = len(errors) - 1

@@ -268,7 +268,7 @@ def test_plot_command_errors_are_one_line(tmp_path, capsys):
     write_sweep_dir(sweep, speedup=False)
     assert main(["plot", str(sweep), "--along", "nope"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 2 and "summary.csv" in err[0] and "--along" in err[1]
+    assert len(err) == 2 and "missing: does not exist" in err[0] and "--along" in err[1]
 
 
 def test_per_position_acceptance_bars(tmp_path):

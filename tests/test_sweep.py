@@ -224,6 +224,12 @@ def test_seed_is_drawn_from_the_content_keyed_child_sequence(tmp_path):
          "zip: expected a list of groups, each a mapping of dotted keys to equal-length lists "
          "(- {hardware: [h100-sxm, h200-sxm], engine.max_num_seqs: [64, 128]}), got a mapping"),
         ({"replications": 0}, "replications"),
+        # the sweep seeds every run itself: a variant's seed never reached its runs, which ran as the others'
+        ({"variants": {"plain": {}, "other": {"seed": 3}}, "baseline": "plain"},
+         "variant 'other': 'seed': the sweep seeds every run itself (from its own seed and each point's swept "
+         "values), so a run config's seed set here is never used"),
+        ({"grid": {"seed": [1, 2]}, "columns": {"seed": "s"}}, "grid or zip key 'seed': the sweep seeds every run"),
+        ({"zip": [{"seed": [1, 2], "engine.block_size": [16, 32]}]}, "grid or zip key 'seed': the sweep seeds"),
         ({"grids": {}}, "unknown key"),
         ({"grid": {"engine..max_num_seqs": [1]}}, "invalid key"),
     ],
@@ -236,6 +242,17 @@ def test_invalid_sweep_files_give_one_line_config_error(tmp_path, change, needle
         load_sweep(path)
     text = str(exc.value)
     assert "\n" not in text and text.startswith(str(path)) and needle in text
+
+
+@pytest.mark.parametrize("base, got", [(5, " (got 5)"), (None, " (got None)"), (["a.yaml"], " (got a list)"),
+                                       ("", " (got '')")])
+def test_a_base_that_is_no_path_or_mapping_says_what_base_takes(tmp_path, base, got):
+    # a number read "base: Input should be a valid string (got 5) [and 1 more error]": base may be a mapping too
+    path = write_sweep(tmp_path, {"base": base})
+    with pytest.raises(ConfigError) as exc:
+        load_sweep(path)
+    assert str(exc.value) == (f"{path}: base: expected the path of a run config file (relative to the sweep file) "
+                              f"or an inline mapping of run settings{got}")
 
 
 def test_missing_base_file_is_named(tmp_path):

@@ -899,3 +899,16 @@ def test_validate_checks_every_bench_result_before_announcing_a_run(tmp_path, ca
     assert main(argv) == 2
     assert capsys.readouterr().err == f"servesim: error: {empty}: invalid JSON (Expecting value)\n"
     assert not (tmp_path / "vb").exists()
+
+
+@pytest.mark.parametrize("section", ["engine", "deployment", "workload"])
+def test_a_section_written_without_a_value_says_so_not_empty_file(tmp_path, capsys, section):
+    # ``engine:`` with nothing after it is a key without a value; the message said "(got an empty file)" of a
+    # file that is not empty
+    cfg = tmp_path / "c.yaml"
+    import yaml
+
+    cfg.write_text(yaml.safe_dump({k: v for k, v in SMALL.items() if k != section}) + f"{section}:\n")
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: {cfg}: {section}: expected a mapping (key: value pairs) "
+                                       "(got no value)\n")

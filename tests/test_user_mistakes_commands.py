@@ -290,6 +290,90 @@ def test_plot_of_a_capacity_folder_says_whose_it_is(tmp_path, capsys):
                                        "(`servesim capacity` draws its own figures)\n")
 
 
+@pytest.mark.parametrize("slo", ["tpot_p99=0.05", "itl_p50=0.01"])
+def test_capacity_with_an_slo_no_request_defines_is_refused(tmp_path, capsys, slo):
+    # every request has one output token, so no TPOT or ITL: the search halved the rate 17 times and answered
+    # "meets the SLOs at no rate down to 3.052e-05 requests/s"
+    workload = {**SMALL["workload"], "output_tokens": {"type": "fixed", "value": 1}}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload})
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=1", "--slo", slo, "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 2
+    rate = f"{SMALL['workload']['rate']:.4g}"
+    assert capsys.readouterr().err == (
+        f"servesim: error: --slo: {slo.split('=')[0]} is undefined at {rate} requests/s, where every request "
+        "completed (TPOT and ITL need requests of two or more output tokens); give an objective the workload "
+        "defines\n")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("key, value", [("workload.num_requests", "100"), ("workload.duration_s", "30")])
+def test_capacity_max_requests_and_a_set_of_the_key_it_replaces_are_refused(tmp_path, capsys, key, value):
+    # --max-requests replaced the --set value silently (the search ran on --max-requests' count, without the
+    # duration the --set gave)
+    count = {"num_requests": None, "duration_s": 10.0} if key == "workload.duration_s" else {}
+    workload = {k: v for k, v in {**SMALL["workload"], **count}.items() if v is not None}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload})
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--set", f"{key}={value}", "--max-requests", "20",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --max-requests: replaces {key}, which --set gives too "
+                                       "(give one of them)\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_sweep_into_a_file_is_refused_before_its_size_is_printed(tmp_path, capsys):
+    # printed "sweep: 1 point(s) x 1 replication(s) = 1 run(s)" first, as if the sweep had started
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml"})
+    (tmp_path / "o").write_text("mine\n")
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"servesim: error: --out: {tmp_path / 'o'} is a file, not a folder\n"
+    assert (tmp_path / "o").read_text() == "mine\n"
+
+
+def test_tune_k_with_an_slo_no_request_defines_is_refused(tmp_path, capsys):
+    # was "no k meets the SLOs (tpot_p99=0.05) at batch size(s) 1, 2", exit 1, of a TPOT no run has
+    workload = {**SMALL["workload"], "output_tokens": {"type": "fixed", "value": 1}}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload,
+                                           "speculative_config": {"method": "eagle", "num_speculative_tokens": 1}})
+    assert main(["tune-k", str(cfg), "--slo", "tpot_p99=0.05", "--batch-sizes", "1,2", "--out", str(tmp_path / "o"),
+                 "--quiet"]) == 2
+    assert capsys.readouterr().err == (
+        "servesim: error: --slo: tpot_p99 is undefined at batch size 1 (k=0), where every request completed (TPOT "
+        "and ITL need requests of two or more output tokens); give an objective the workload defines\n")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("option", [["--max-rate", "1e-06"], ["--replicas", "1e-06"]])
+def test_capacity_at_a_rate_too_low_to_simulate_names_the_option(tmp_path, capsys, option):
+    # was "c.yaml: workload: the last request arrives at ... s; ...: raise the rate or rate_scale", blaming the
+    # config's file for the rate the option gave
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", *option, "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {option[0]}: 1e-06 requests/s cannot be simulated (workload: the last "
+                          "request arrives at "), err
+    assert err.endswith(" of arrivals: raise the rate or rate_scale)\n") and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("make, message", [
+    (None, "does not exist (expected the output folder of `servesim sweep`)"),
+    ("file", "is a file (expected the output folder of `servesim sweep`)"),
+    ("folder", "no summary.csv (expected the output folder of `servesim sweep`; run one first)"),
+])
+def test_plot_of_no_sweep_folder_says_what_the_path_is(tmp_path, capsys, make, message):
+    # was "DIR/summary.csv: cannot read the sweep summary (FileNotFoundError|NotADirectoryError); run `servesim
+    # sweep` first", naming a file under a path that does not exist or is a file
+    path = tmp_path / "o"
+    if make == "file":
+        path.write_text("x\n")
+    elif make == "folder":
+        path.mkdir()
+    assert main(["plot", str(path)]) == 2
+    assert capsys.readouterr().err == f"servesim: error: {path}: {message}\n"
+
+
 @pytest.mark.parametrize("measure", [{"after_completed": 60}, {"after_s": 1e6}, {"until_s": 1e-3}])
 def test_a_measurement_window_that_holds_no_request_is_refused(tmp_path, capsys, measure):
     # was accepted: summary.json's measurement_window read 0.0 req/s and 0.0 tok/s (start_s 1e6 > end_s)

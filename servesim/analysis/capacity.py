@@ -13,6 +13,9 @@ numbers: the bisection compares rates, not seeds). It PASSES when
    meet every per-request objective among ``ttft``, ``tpot``, ``e2e``, as
    :func:`servesim.metrics.summarize` defines it) is ``>= S``.
 
+A statistic that is undefined at a point where every request completed (TPOT or ITL of requests of one
+output token) is refused (:class:`ConfigError`): no rate would define it.
+
 The rate is varied through the workload: Poisson/Gamma ``rate`` (requests/s), or for a trace
 ``rate_scale`` with ``rate = trace mean rate x rate_scale``, the trace mean rate being (requests - 1) /
 (last - first arrival) of the replayed window at ``rate_scale = 1`` (requests/s). Closed-loop workloads
@@ -100,6 +103,13 @@ def parse_slo(text: str, source: str = "--slo") -> Slo:
     if not (target > 0 and math.isfinite(target)):
         raise ConfigError(f"{source}: {text!r}: expected a positive number of seconds after '='")
     return Slo(metric, stat, target)
+
+
+def undefined_slo(name: str, where: str) -> ConfigError:
+    """The error of an SLO statistic ``name`` undefined ``where`` (``at 2 requests/s``) although every request
+    completed: no request has the metric (TPOT or ITL of one-token outputs), so no setting would meet it."""
+    return ConfigError(f"--slo: {name} is undefined {where}, where every request completed (TPOT and ITL need "
+                       "requests of two or more output tokens); give an objective the workload defines")
 
 
 def parse_slos(texts: list[str], source: str = "--slo") -> list[Slo]:
@@ -319,6 +329,9 @@ class CapacitySearch:
             done.append(summary["completed"] / max(summary["num_requests"], 1))
             counts.append(int(summary["num_requests"]))
         values = {s.name: float(np.mean([r[s.name] for r in reps])) for s in self.slos}
+        undefined = [s.name for s in self.slos if min(done) >= 1.0 and math.isnan(values[s.name])]
+        if undefined:  # every request finished and none has it: the search would halve the rate ~20 times
+            raise undefined_slo(undefined[0], f"at {rate:.4g} requests/s")
         passed = min(done) >= 1.0 and all(values[s.name] <= s.target_s for s in self.slos)
         if self.goodput_share is not None:
             passed = passed and float(np.mean(attain)) >= self.goodput_share
@@ -347,7 +360,8 @@ class CapacitySearch:
         lo = hi = None
         capped = False
         stopped = None
-        first = self.evaluate(r)
+        # a start that --max-rate lowered is the user's rate, not the config's
+        first = self._evaluate_given(r, "--max-rate") if max_rate is not None and r == max_rate else self.evaluate(r)
         if first.passed:
             lo = r
             # with max_rate the user bounds the search; without it, at most MAX_RATE_STEPS doublings
@@ -395,6 +409,24 @@ class CapacitySearch:
         return CapacityResult("rate", lo, capped, list(self.evaluations), self.slos, self.goodput_share, tolerance,
                               self.replications, stopped if lo is None or capped else None)
 
+    def _evaluate_given(self, rate: float, option: str, replicas: int | None = None) -> Evaluation:
+        """:meth:`evaluate` at a ``rate`` (requests/s) that the command-line ``option`` gave: a rate that cannot
+        be simulated names the option (the config's file and its rate are not the mistake).
+
+        Raises:
+            ConfigError: one line naming ``option``, the rate and why it cannot be simulated.
+        """
+        from servesim.errors import ServesimError
+
+        try:
+            return self.evaluate(rate, replicas)
+        except ServesimError as exc:
+            prefix = f"{self.cfg.source}: " if self.cfg.source is not None else ""
+            if not isinstance(exc, SettingError) or not str(exc).startswith(f"{prefix}workload: "):
+                raise  # not about the arrivals the rate sets: the config's own mistake
+            raise ConfigError(f"{option}: {rate:.4g} requests/s cannot be simulated "
+                              f"({str(exc).removeprefix(prefix)})") from None
+
     def _explore(self, rate: float) -> tuple[Evaluation | None, str | None]:
         """Evaluate an exploratory rate (beyond the start rate); ``(None, why)`` when it cannot be simulated
         (e.g. arrivals past the engine's clock at a tiny rate), which ends the search in that direction."""
@@ -420,7 +452,7 @@ class CapacitySearch:
         fail, ok = 0, None
         r = 1
         while True:
-            if self.evaluate(target_rate, r).passed:
+            if self._evaluate_given(target_rate, "--replicas", r).passed:
                 ok = r
                 break
             fail = r

@@ -15,6 +15,8 @@ Procedure (all batch sizes in requests, throughputs in output tokens/s, times in
    goodput is its output throughput when it meets them and 0 otherwise (output tokens/s). The best ``k``
    at ``b`` maximises the objective (ties: the smaller ``k``); when no ``k`` meets the SLOs at ``b``, it is
    the ``k`` closest to meeting them (smallest ``max_i statistic_i / target_i``; ties: the smaller ``k``).
+   An SLO statistic undefined at a point where every request completed (TPOT or ITL of one-token
+   outputs) is refused (:class:`ConfigError`).
 3. Table (:func:`build_schedule`). Grid point ``b_i`` (sorted ``b_0 < b_1 < ...``) owns the batch sizes
    from its start to the next point's start minus 1; ``b_0`` starts at 1, the last point ends at
    ``max_num_seqs`` (4096 when the config does not set it). ``boundary="midpoint"`` (default) starts
@@ -52,7 +54,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from servesim.analysis.capacity import Slo
+from servesim.analysis.capacity import Slo, undefined_slo
 from servesim.config.models import SimConfig
 from servesim.errors import ConfigError, SettingError, naming_settings_of
 
@@ -499,6 +501,11 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
              for b in sizes for k in range(int(k_max) + 1) for r in range(replications)]
     with naming_settings_of(cfg.source):  # the points' configs are mappings built from the file's
         grid = point_frame(_run_all(tasks, executor, progress), slos)
+    for s in slos:  # undefined where every request completed: "no k meets the SLOs" would be no answer
+        undefined = grid[grid[s.name].isna() & (grid["completed_share"] >= 1.0)]
+        if len(undefined):
+            raise undefined_slo(s.name, f"at batch size {int(undefined['batch_size'].iloc[0])} "
+                                        f"({undefined['variant'].iloc[0]})")
     best_k = choose_best_k(grid, bool(slos))
     best_fixed = choose_best_fixed_k(grid)
     table = build_schedule(best_k, table_end, int(k_max), boundary)

@@ -82,11 +82,17 @@ def run(args: argparse.Namespace) -> int:
                               f"{args.config}'s multi_turn workload counts sessions: give --set "
                               "workload.num_sessions=N instead")
         key = "workload.max_requests" if cfg0.workload.type == "trace" else "workload.num_requests"
-        overrides.append((key, args.max_requests))
+        replaced = [(key, args.max_requests)]
         if cfg0.workload.type in ("poisson", "gamma"):
-            overrides.append(("workload.duration_s", None))
+            replaced.append(("workload.duration_s", None))
         if cfg0.workload.type == "closed_loop":  # num_requests replaces requests_per_client
-            overrides.append(("workload.requests_per_client", None))
+            replaced.append(("workload.requests_per_client", None))
+        # a --set of one of these keys would be replaced silently (the later value wins)
+        given = [name for name, _ in replaced for k in set_keys(args.overrides)
+                 if k == name or k.startswith(name + ".")]
+        if given:
+            raise ConfigError(f"--max-requests: replaces {given[0]}, which --set gives too (give one of them)")
+        overrides.extend(replaced)
     cfg, folder = load_config(args.config, overrides, set_keys=set_keys(args.overrides))
     out = prepare_output_dir(args.out)  # before the search: an unwritable --out fails at once
 

@@ -72,6 +72,9 @@ def read_sweep_dir(folder: Path) -> SweepTables:
     from servesim.errors import ConfigError
 
     summary_path, meta_path = folder / "summary.csv", folder / "sweep.json"
+    if not folder.is_dir():  # was "DIR/summary.csv: cannot read ... (FileNotFoundError)" of a path that cannot be
+        what = "is a file" if folder.exists() else "does not exist"
+        raise ConfigError(f"{folder}: {what} (expected the output folder of `servesim sweep`)")
     if not summary_path.exists():
         from servesim.cli import COMMAND_OUTPUTS
 
@@ -91,6 +94,8 @@ def read_sweep_dir(folder: Path) -> SweepTables:
             source = source if source.endswith((".yaml", ".yml")) else "SWEEP.yaml"  # "sweep": one made in Python
             raise ConfigError(f"{folder}: the sweep did not finish (no summary.csv): rerun `servesim sweep "
                               f"{shlex.quote(source)} --out {shlex.quote(str(folder))}` to resume")
+        raise ConfigError(f"{folder}: no summary.csv (expected the output folder of `servesim sweep`; run one "
+                          "first)")
     try:
         summary = pd.read_csv(summary_path)
     except (OSError, ValueError) as exc:

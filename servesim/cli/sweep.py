@@ -39,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: invalid sweep file, ``--jobs`` or ``--executor`` (printed as one line by the CLI).
     """
+    from servesim.atomic import prepare_output_dir
     from servesim.sweep.executors import check_executor
     from servesim.sweep.runner import check_same_sweep, count_runs, run_sweep
     from servesim.sweep.spec import load_sweep
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     check_executor(args.executor, args.jobs)
     if Path(args.out).is_dir():
         check_same_sweep(Path(args.out), loaded)
+    elif Path(args.out).exists():  # a file: refused before the sweep's size is printed, as a folder of another sweep
+        prepare_output_dir(args.out)
     points, runs = count_runs(loaded)
     print(f"sweep: {points:,} point(s) x {loaded.config.replications} replication(s) = {runs:,} run(s)", flush=True)
     result = run_sweep(

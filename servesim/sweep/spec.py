@@ -102,12 +102,15 @@ class SweepConfig(InputModel):
     replications: int = Field(1, ge=1)
     seed: int = Field(0, ge=0)
 
-    @field_validator("base")
+    @field_validator("base", mode="before")
     @classmethod
-    def _base_path(cls, base: str | dict[str, Any]) -> str | dict[str, Any]:
-        if isinstance(base, str) and not base.strip():  # read as the sweep file's folder: "Is a directory"
+    def _base_path(cls, base: Any) -> Any:
+        # an empty string is read as the sweep file's folder ("Is a directory"); a number, a list or no value
+        # read "Input should be a valid string (got 5) [and 1 more error]", of a field that may be a mapping too
+        if not isinstance(base, (str, dict)) or isinstance(base, str) and not base.strip():
+            got = " (got a list)" if isinstance(base, list) else ""  # a scalar is shown after the message
             raise _invalid("expected the path of a run config file (relative to the sweep file) or an inline "
-                           "mapping of run settings")
+                           f"mapping of run settings{got}")
         return base
 
     @field_validator("grid")
@@ -162,6 +165,14 @@ class SweepConfig(InputModel):
     @model_validator(mode="after")
     def _consistent(self) -> SweepConfig:
         keys = self.swept_keys()
+        # every run's seed is the sweep's own (its root ``seed`` and the point's swept values): a run config's
+        # seed set here would never reach a run (a variant's ran exactly as the others)
+        setters = ["grid or zip key 'seed'"] * ("seed" in keys) + [
+            f"variant {name!r}: 'seed'" for name, overrides in self.variants.items() if "seed" in overrides]
+        if setters:
+            raise _invalid(f"{setters[0]}: the sweep seeds every run itself (from its own seed and each point's "
+                           "swept values), so a run config's seed set here is never used; give replications: N "
+                           "for more draws, or the sweep's seed: for other ones")
         seen: set[str] = set()
         for key in keys:
             if key in seen:

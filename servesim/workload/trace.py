@@ -45,6 +45,11 @@ def detect_format(path: str | Path, format: str = "auto") -> str:
     if format == "auto":
         ext = Path(path).suffix.lower()
         if ext not in _EXTENSIONS:
+            # a folder or a missing file is the mistake, not its extension (as read_trace_text says them)
+            if Path(path).is_dir():
+                raise TraceError(f"{path}: is a folder (expected a trace file)")
+            if not Path(path).exists():
+                raise TraceError(f"{path}: trace file not found")
             raise TraceError(
                 f"{path}: cannot tell the trace format from the extension {ext!r} "
                 "(expected .csv for Azure or .jsonl for Mooncake, or set format: azure|mooncake)"
