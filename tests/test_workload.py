@@ -311,18 +311,6 @@ def test_malformed_trace_errors_are_one_line_naming_file_and_line(name, pattern)
     assert re.match(re.escape(str(path)) + ": " + pattern, message), message
 
 
-@pytest.mark.parametrize("make, message", [("folder", "is a folder (expected a trace file)"),
-                                           (None, "trace file not found")])
-def test_a_trace_path_without_extension_that_is_a_folder_or_missing_says_so(tmp_path, make, message):
-    # was "cannot tell the trace format from the extension ''": the extension was not the mistake
-    path = tmp_path / "traces"
-    if make == "folder":
-        path.mkdir()
-    with pytest.raises(TraceError) as info:
-        load_trace(path)
-    assert str(info.value) == f"{path}: {message}"
-
-
 def test_bad_hash_ids_only_checked_when_asked_for():
     path = DATA / "mooncake_bad_hash_ids.jsonl"
     assert len(load_trace(path)) == 2
