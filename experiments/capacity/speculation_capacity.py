@@ -4,7 +4,7 @@ Question: how many requests per second can one GPU take within p99 TTFT <= 0.5 s
 (the first 3,000 requests of each trace, its rate scaled), with no speculation, EAGLE (k = 3), n-gram
 (k = 3) and a tuned batch-size schedule (`servesim tune-k`'s table for EAGLE on Llama-3.1-8B / H100)?
 
-    python experiments/capacity/speculation_capacity.py          # ~1-2 min on 2 cores
+    python experiments/capacity/speculation_capacity.py          # about 2 CPU-minutes
 
 Prints a markdown table; each cell is one `servesim capacity` search (bisection to 5%, one replication:
 speculative runs are seeded, so one replication is one sample of the acceptance draws).
