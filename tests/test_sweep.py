@@ -385,7 +385,10 @@ def test_failures_are_recorded_and_others_go_on(tmp_path):
     result = run_sweep(path, out, progress=False, simulate=failing_simulate)
     assert result.exit_status == 1
     failed = read_csv(out / "failures.csv")
-    assert list(failed.columns) == ["point_id", "replication", "seed", "variant", "overrides", "error"]
+    assert list(failed.columns) == ["point_id", "replication", "seed", "variant", "swept", "overrides", "error"]
+    assert all(f"engine.max_num_seqs=256, workload.rate_scale={rate}," in swept
+               for rate, swept in zip(failed["overrides"].map(lambda o: json.loads(o)["workload.rate_scale"]),
+                                      failed["swept"]))
     assert len(failed) == 3 * 2 * 2 == len(result.failures)  # 256 x 3 rates x 2 zip x eagle, 2 reps each
     assert set(failed["error"]) == {"ValueError: boom: verification overflow"}
     assert all(json.loads(o)["engine.max_num_seqs"] == 256 for o in failed["overrides"])
@@ -409,9 +412,12 @@ def test_process_pool_matches_serial_bit_for_bit(tmp_path):
 
 
 def test_process_pool_records_failures(tmp_path):
+    # in the sweep's order whatever order the workers finish in: failures.csv is the serial run's, byte for byte
     path = write_sweep(tmp_path, FULL_SWEEP)
     result = run_sweep(path, tmp_path / "pool", jobs=2, progress=False, simulate=failing_simulate)
     assert result.exit_status == 1 and len(result.failures) == 12
+    run_sweep(path, tmp_path / "serial", progress=False, simulate=failing_simulate)
+    assert (tmp_path / "pool" / "failures.csv").read_bytes() == (tmp_path / "serial" / "failures.csv").read_bytes()
 
 
 @pytest.mark.skipif(not HAS_DASK, reason="dask.distributed is not installed (optional extra servesim[dask])")
@@ -619,9 +625,13 @@ def test_command_exit_status_one_on_failure(tmp_path, monkeypatch, capsys):
     err = capsys.readouterr().err
     assert "12 run(s) failed" in err and "failures.csv" in err
     first = pd.read_csv(tmp_path / "out" / "failures.csv", dtype=str).iloc[0]
-    # the first failure is named by its variant and point (a variant's error alone did not say whose)
-    assert (f"(first: variant 'eagle', point {first['point_id']}: ValueError: boom: verification overflow"
-            in err) and first["variant"] == "eagle"
+    # the first failure is named by its variant and its swept values (a variant's error alone did not say
+    # whose, and the point's id alone not which values), with the id failures.csv lists it by
+    swept = ("engine.max_num_seqs=256, workload.rate_scale=1, hardware='h100-sxm', "
+             "engine.max_num_batched_tokens=8192")
+    assert first["variant"] == "eagle" and first["swept"] == swept and first["replication"] == "0"
+    assert (f"(first: variant 'eagle', point {swept} [{first['point_id']}], replication 0: "
+            "ValueError: boom: verification overflow") in err
 
 
 def test_cli_reports_bad_sweep_as_one_line(tmp_path, capsys):

@@ -69,10 +69,12 @@ def run(args: argparse.Namespace) -> int:
         + (f" and {result.out_dir / 'speedup.csv'}" if result.speedup is not None else "")
     )
     if result.failures:
+        first = result.failures[0]  # named by its variant and swept values; the point id is failures.csv's key
+        point = f"point {first.swept}" if first.swept else "the base point"
         print(
             f"servesim: {len(result.failures)} run(s) failed; see {result.out_dir / 'failures.csv'} "
-            f"(first: variant {result.failures[0].variant!r}, point {result.failures[0].point_id}: "
-            f"{result.failures[0].error})",
+            f"(first: variant {first.variant!r}, {point} [{first.point_id}], replication {first.replication}: "
+            f"{first.error})",
             file=sys.stderr,
         )
     return result.exit_status

@@ -76,14 +76,21 @@ class Task:
 
 @dataclass(frozen=True)
 class Failure:
-    """A run that raised: which one, and the error as one line."""
+    """A run that raised: which one (``swept``: its swept values as ``key=value, ...``, empty for the base
+    point), and the error as one line."""
 
     point_id: str
     replication: int
     seed: int
     variant: str
+    swept: str
     overrides: str
     error: str
+
+
+def swept_values(point) -> str:
+    """A point's swept values as messages write them: ``key=value, ...`` in the sweep file's order."""
+    return ", ".join(f"{k}={v!r}" for k, v in point.axes.items())
 
 
 @dataclass
@@ -241,7 +248,7 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
     for point in tqdm(points, total=count_points(loaded), disable=not show, unit="point", desc="check"):
         # the variant by its name: its overrides (a whole speculative_config) do not say which one it is
         variant = [f"variant {point.variant!r}"] if loaded.config.variants else []
-        axes = ", ".join(f"{k}={v!r}" for k, v in point.axes.items())
+        axes = swept_values(point)
         where = ", ".join(variant + ([f"point {axes}"] if axes else [])) or "point base"
         validate(SimConfig, point_config(loaded, point), f"{loaded.source} ({where})")
 
@@ -332,6 +339,7 @@ def run_sweep(
     stale: dict[str, int] = {}
     unreadable: list[str] = []
     counts = {"reused": 0, "run": 0, "stale": 0}
+    order: dict[tuple[str, int], int] = {}  # (point, replication) -> its place in the sweep's order
     base_dir = str(loaded.base_dir)
     bar = tqdm(total=num_runs, disable=not show, unit="run", desc="sweep")
 
@@ -349,6 +357,7 @@ def run_sweep(
             elif (path := point_path(out, task.point.point_id, task.replication)).exists():
                 unreadable.append(str(path.relative_to(out)))
             counts["run"] += 1
+            order[(task.point.point_id, task.replication)] = len(order)
             yield task
 
     def finish(task: Task, ok: bool, payload: Any) -> None:
@@ -367,7 +376,8 @@ def run_sweep(
         else:
             overrides = json.dumps(to_jsonable(task.point.overrides()), sort_keys=True, separators=(",", ":"))
             failures.append(
-                Failure(task.point.point_id, task.replication, task.seed, task.point.variant, overrides, str(payload))
+                Failure(task.point.point_id, task.replication, task.seed, task.point.variant,
+                        swept_values(task.point), overrides, str(payload))
             )
         bar.update(1)
 
@@ -396,6 +406,8 @@ def run_sweep(
                 _run_windowed(pool, pending(), simulate, base_dir, finish, window=_window(jobs))
     finally:
         bar.close()
+        # in the sweep's order, not the order the workers finished in: the same sweep lists the same failures
+        failures.sort(key=lambda failure: order[(failure.point_id, failure.replication)])
         _write_failures(out, failures)
 
     records = []
