@@ -195,6 +195,29 @@ def test_plot_says_when_every_throughput_ratio_is_within_one_percent(tmp_path, c
     assert "agree within" not in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("types, open_loop", [(["poisson"], True), (["multi_turn", "trace"], True),
+                                             (["closed_loop"], False), (["closed_loop", "poisson"], False),
+                                             (["None"], False), (None, False)])
+def test_the_equal_throughput_note_explains_it_by_open_loop_arrivals_only_for_them(types, open_loop):
+    # a closed loop's clients send again after each response: the offered load is not set by a rate
+    from servesim.cli.plot import same_throughput_note
+
+    note = same_throughput_note(types)
+    assert note.startswith("note: the output throughputs agree within 1% everywhere")
+    assert note.endswith("compare their latencies (latency_vs_throughput.png: TTFT, TPOT)")
+    assert ("with open-loop arrivals (a rate, a trace) below saturation the throughput is the offered load "
+            "whatever the variant" in note) == open_loop
+
+
+def test_the_sweep_manifest_records_its_workload_types(tmp_path):
+    from servesim.sweep.runner import run_sweep
+    from test_sweep import fake_simulate, write_sweep, FULL_SWEEP
+
+    path = write_sweep(tmp_path, dict(FULL_SWEEP, grid={"workload.type": ["poisson", "closed_loop"]}, zip=[]))
+    run_sweep(path, tmp_path / "out", progress=False, simulate=fake_simulate)
+    assert json.loads((tmp_path / "out" / "sweep.json").read_text())["workload_types"] == ["closed_loop", "poisson"]
+
+
 def test_plot_says_speculation_hurts_everywhere_when_every_speedup_is_below_one(tmp_path, capsys):
     from servesim.cli import main
 

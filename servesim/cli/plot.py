@@ -51,6 +51,8 @@ class SweepTables:
         units: column -> unit of its values (``sweep.json``'s ``units``; None from a manifest without it).
         baseline: the variant compared with (``sweep.json``'s ``baseline``), or None.
         speedup: ``speedup.csv``, or None without one.
+        workload_types: the points' workload types (``sweep.json``'s ``workload_types``: ``"None"`` for
+            one that could not be told); None from a manifest without them.
     """
 
     summary: Any
@@ -58,6 +60,23 @@ class SweepTables:
     units: dict[str, str] | None
     baseline: str | None
     speedup: Any
+    workload_types: list[str] | None = None
+
+
+#: Workload types whose requests arrive at a set rate (open loop): below saturation the throughput is the
+#: offered load whatever the variant. A closed loop's clients send again after each response.
+OPEN_LOOP_WORKLOADS = frozenset({"trace", "poisson", "gamma", "multi_turn"})
+
+
+def same_throughput_note(workload_types: list[str] | None) -> str:
+    """The note ``servesim plot`` prints when every variant's output throughput agrees within
+    :data:`SAME_THROUGHPUT`: why, where the sweep's workloads are all open loop (``workload_types``,
+    sweep.json's), and in every case that the latencies are what to compare."""
+    note = f"note: the output throughputs agree within {SAME_THROUGHPUT:.0%} everywhere"
+    if workload_types and set(workload_types) <= OPEN_LOOP_WORKLOADS:
+        note += (": with open-loop arrivals (a rate, a trace) below saturation the throughput is the offered "
+                 "load whatever the variant")
+    return note + "; compare their latencies (latency_vs_throughput.png: TTFT, TPOT)"
 
 
 def read_sweep_dir(folder: Path) -> SweepTables:
@@ -106,6 +125,7 @@ def read_sweep_dir(folder: Path) -> SweepTables:
         columns = dict(meta["columns"])
         units = None if meta.get("units") is None else dict(meta["units"])
         baseline = None if meta.get("baseline") is None else str(meta["baseline"])
+        workload_types = None if meta.get("workload_types") is None else [str(t) for t in meta["workload_types"]]
     except (OSError, ValueError, KeyError, AttributeError, TypeError):
         raise ConfigError(f"{meta_path}: cannot read the sweep manifest (expected JSON with 'columns')") from None
     speedup = None
@@ -114,7 +134,7 @@ def read_sweep_dir(folder: Path) -> SweepTables:
             speedup = pd.read_csv(folder / "speedup.csv")
         except (OSError, ValueError):
             raise ConfigError(f"{folder / 'speedup.csv'}: cannot read the speedup table") from None
-    return SweepTables(summary, columns, units, baseline, speedup)
+    return SweepTables(summary, columns, units, baseline, speedup, workload_types)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -191,10 +211,7 @@ def run(args: argparse.Namespace) -> int:
                     print(f"{group}: {speedup_verdict(where, speculative, baseline)}")
                 ratios = table["speedup"].dropna()
                 if len(ratios) and (ratios - 1).abs().max() < SAME_THROUGHPUT:
-                    print(f"note: the output throughputs agree within {SAME_THROUGHPUT:.0%} everywhere: with "
-                          "open-loop arrivals (a rate, a trace) below saturation the throughput is the offered "
-                          "load whatever the variant; compare their latencies (latency_vs_throughput.png: TTFT, "
-                          "TPOT)")
+                    print(same_throughput_note(tables.workload_types))
         from servesim.plots.acceptance import acceptance_table, plot_acceptance
 
         accept = acceptance_table(summary, ["variant"] if summary["variant"].nunique() > 1 else [])

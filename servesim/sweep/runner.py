@@ -196,6 +196,7 @@ def _write_manifest(out_dir: Path, sweep: LoadedSweep) -> None:
         "base_dir": str(sweep.base_dir),
         "columns": cfg.column_names(),
         "units": sweep.column_units(),
+        "workload_types": sorted(str(t) for t in sweep.workload_types()),  # "None": a type that cannot be told
         "variants": list(cfg.variants),
         "baseline": cfg.baseline,
         "replications": cfg.replications,

@@ -253,13 +253,9 @@ class LoadedSweep:
         self.base_dir = base_dir
         self.source = source
 
-    def column_units(self) -> dict[str, str]:
-        """Swept column name -> the unit of its values, for the keys whose unit is known (:data:`KEY_UNITS`).
-
-        ``workload.rate`` is in sessions/s when every point's workload is ``multi_turn`` (the base's
-        type, a variant's or a swept ``workload.type``), in requests/s when none is, and left without a
-        unit when the sweep mixes them.
-        """
+    def workload_types(self) -> set[str | None]:
+        """The workload types of the sweep's points (``trace``, ``poisson``, ``closed_loop``, ...): the base's,
+        a variant's and a swept ``workload`` or ``workload.type``'s; None for one that cannot be told."""
         from servesim.config.overrides import set_dotted
 
         cfg = self.config
@@ -275,7 +271,17 @@ class LoadedSweep:
         for values in [cfg.grid, *cfg.zip]:
             workloads += values.get("workload", [])
             workloads += [{"type": value} for value in values.get("workload.type", [])]
-        types = {workload.get("type") if isinstance(workload, dict) else None for workload in workloads}
+        return {workload.get("type") if isinstance(workload, dict) else None for workload in workloads}
+
+    def column_units(self) -> dict[str, str]:
+        """Swept column name -> the unit of its values, for the keys whose unit is known (:data:`KEY_UNITS`).
+
+        ``workload.rate`` is in sessions/s when every point's workload is ``multi_turn``
+        (:meth:`workload_types`), in requests/s when none is, and left without a unit when the sweep mixes
+        them.
+        """
+        cfg = self.config
+        types = self.workload_types()
         units = {}
         for key, column in cfg.column_names().items():
             unit = KEY_UNITS.get(key)
