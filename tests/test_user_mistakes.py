@@ -912,3 +912,26 @@ def test_a_section_written_without_a_value_says_so_not_empty_file(tmp_path, caps
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
     assert capsys.readouterr().err == (f"servesim: error: {cfg}: {section}: expected a mapping (key: value pairs) "
                                        "(got no value)\n")
+
+
+@pytest.mark.parametrize("command, sized_by", [
+    (["capacity", "--slo", "ttft_p99=0.5", "--replications", "1"], "--max-requests or the workload's own count"),
+    (["tune-k", "--batch-sizes", "1,2", "--requests-per-client", "2"], "--requests-per-client"),
+])
+@pytest.mark.parametrize("given_by", ["file", "--set"])
+def test_capacity_and_tune_k_refuse_a_time_limit(tmp_path, capsys, command, sized_by, given_by):
+    # a run stopped at max_time_s leaves requests unfinished or not yet arrived: the capacity search had
+    # halved the rate 17 times and answered "meets the SLOs at no rate down to 0.0002361 requests/s"
+    config = {**SMALL, "speculative_config": {"method": "eagle", "num_speculative_tokens": 2}}
+    if given_by == "file":
+        config["simulation"] = {"max_time_s": 30}
+    cfg = write_yaml(tmp_path / "c.yaml", config)
+    extra = ["--set", "simulation.max_time_s=30"] if given_by == "--set" else []
+    assert main([command[0], str(cfg), *command[1:], "--out", str(tmp_path / "o"), *extra]) == 2
+    what = "a capacity search" if command[0] == "capacity" else "tune-k"
+    where = f"{cfg}" if given_by == "file" else "--set"
+    assert capsys.readouterr().err == (
+        f"servesim: error: {where}: simulation.max_time_s: {what} runs every request to completion (a run stopped "
+        f"at 30 s leaves requests unfinished or not yet arrived, which no setting would pass); leave it out "
+        f"({sized_by} sizes the runs)\n")
+    assert not (tmp_path / "o").exists()

@@ -112,6 +112,22 @@ def undefined_slo(name: str, where: str) -> ConfigError:
                        "requests of two or more output tokens); give an objective the workload defines")
 
 
+def refuse_time_limit(cfg: SimConfig, command: str, sized_by: str) -> None:
+    """Refuse a config with ``simulation.max_time_s``: ``command`` (capacity, tune-k) requires every request
+    to arrive and complete, and a run cut at a time leaves some unfinished or not yet arrived, so no
+    setting would pass (a capacity search halved the rate ~20 times and answered "at no rate").
+
+    Raises:
+        SettingError: one line naming the config's file (or ``--set``, through
+            :func:`servesim.errors.naming_set_keys`), the key, and what sizes the runs (``sized_by``).
+    """
+    if cfg.simulation.max_time_s is not None:
+        where = f"{cfg.source}: " if cfg.source is not None else ""
+        raise SettingError(f"{where}simulation.max_time_s: {command} runs every request to completion (a run "
+                           f"stopped at {cfg.simulation.max_time_s:g} s leaves requests unfinished or not yet "
+                           f"arrived, which no setting would pass); leave it out ({sized_by} sizes the runs)")
+
+
 def parse_slos(texts: list[str], source: str = "--slo") -> list[Slo]:
     """Parse every ``METRIC_STAT=SECONDS`` of a repeated option (see :func:`parse_slo`), in order.
 
@@ -285,6 +301,7 @@ class CapacitySearch:
             raise ConfigError(f"--replications: expected >= 1 (got {replications})")
         if goodput_share is not None and not 0 < goodput_share <= 1:
             raise ConfigError(f"--goodput-share: expected a share in (0, 1] (got {goodput_share})")
+        refuse_time_limit(cfg, "a capacity search", "--max-requests or the workload's own count")
         if simulate is None:
             from servesim.api import simulate
         self.cfg, self.folder, self.slos = cfg, folder, list(slos)

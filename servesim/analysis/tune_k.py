@@ -54,7 +54,7 @@ from typing import Any, Literal
 import numpy as np
 import pandas as pd
 
-from servesim.analysis.capacity import Slo, undefined_slo
+from servesim.analysis.capacity import Slo, refuse_time_limit, undefined_slo
 from servesim.config.models import SimConfig
 from servesim.errors import ConfigError, SettingError, naming_settings_of
 
@@ -459,6 +459,7 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
         where = f"{cfg.source}: " if cfg.source is not None else ""
         raise SettingError(f"{where}speculative_config: tune-k needs a config with a speculative_config (method, "
                            "acceptance)")
+    refuse_time_limit(cfg, "tune-k", "--requests-per-client")
     # checked when the SimConfig was validated (its errors name the config file); a mapping changed since
     # is named as what it is
     spec_model = validate(SpeculativeConfig, cfg.speculative_config, "speculative_config")

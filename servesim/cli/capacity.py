@@ -102,11 +102,11 @@ def run(args: argparse.Namespace) -> int:
             print(f"  rate {ev.rate:8.4g} req/s  replicas {ev.replicas:3d}  {vals}  attainment "
                   f"{ev.slo_attainment:.3f}  {'pass' if ev.passed else 'FAIL'}", flush=True)
 
-    search = CapacitySearch(cfg, folder, slos, replications=args.replications, goodput_share=args.goodput_share,
-                            progress=progress)
     with replacing_outputs(out, CAPACITY_OUTPUTS):  # failed or interrupted, searching or writing: no outputs left
         # a setting --set gave that is refused when a run is set up names --set, as `servesim run` does
         with naming_set_keys(set_keys(args.overrides), cfg.source):
+            search = CapacitySearch(cfg, folder, slos, replications=args.replications,
+                                    goodput_share=args.goodput_share, progress=progress)
             if args.replicas is not None:
                 result = (search.min_replicas(args.replicas) if args.max_replicas is None
                           else search.min_replicas(args.replicas, max_replicas=args.max_replicas))
