@@ -12,14 +12,6 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
 
-def _completed_of(summary: dict) -> str:
-    """``completed / num_requests``, or, when ``simulation.max_time_s`` stopped the run before every request
-    arrived, ``completed / arrived arrived (num_requests in the workload)``."""
-    completed, total = summary.get("completed", 0), summary.get("num_requests", 0)
-    arrived = summary.get("arrived", total)
-    return f"{completed} / {total}" if arrived == total else f"{completed} / {arrived} arrived ({total} in the workload)"
-
-
 def format_summary_table(summary: dict) -> str:
     """Render a :func:`~servesim.metrics.summary.summarize` dict as a fixed-width text table.
 
@@ -34,8 +26,11 @@ def format_summary_table(summary: dict) -> str:
     Returns:
         The table, lines joined by ``\\n``, without a trailing newline.
     """
+    completed, total = summary.get("completed", 0), summary.get("num_requests", 0)
+    arrived = summary.get("arrived", total)  # fewer when simulation.max_time_s stopped the run first
     lines = [
-        f"{'Requests completed':<28}{_completed_of(summary)}",
+        f"{'Requests completed':<28}{completed} / "
+        + (f"{total}" if arrived == total else f"{arrived} arrived ({total} in the workload)"),
         f"{'Duration (s)':<28}{summary.get('duration_s', 0.0):.2f}",
         f"{'Request throughput (req/s)':<28}{summary.get('request_throughput', 0.0):.2f}",
         f"{'Output throughput (tok/s)':<28}{summary.get('output_throughput', 0.0):.1f}",
@@ -45,8 +40,6 @@ def format_summary_table(summary: dict) -> str:
              for _, key in _LATENCIES]
     # at least two spaces between columns, however long the numbers (1000 s = 1000000.00 ms)
     width = max([10] + [len(cell) + 2 for row in cells for cell in row])
-    completed = summary.get("completed", 0)
-    arrived = summary.get("arrived", summary.get("num_requests", 0))
     if completed < arrived:  # the statistics below leave out the requests that did not finish
         lines.append(f"Latencies cover the completed requests only ({arrived - completed} did not finish)")
     lines.append(f"{'Latency (ms)':<28}" + "".join(f"{name:>{width}}" for name in ("mean", "p50", "p99")))
