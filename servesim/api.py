@@ -110,6 +110,7 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
 
 
 def _simulate(cfg: SimConfig, folder: Path, seed: int | np.random.SeedSequence | None) -> Result:
+    from servesim.collector import cycle_collector_paused
     from servesim.wiring import build_engine
 
     if seed is None:
@@ -126,7 +127,8 @@ def _simulate(cfg: SimConfig, folder: Path, seed: int | np.random.SeedSequence |
         runner, env, info = build_deployment(cfg, folder, root)
     else:
         runner, env, info = build_engine(cfg, folder, root)
-    env.run()
+    with cycle_collector_paused():  # the run makes no reference cycles (servesim/collector.py)
+        env.run()
     out = runner.output()
     if cfg.deployment.replicas > 1:
         replica_outputs, router = runner.replica_outputs(), runner.router_summary()
