@@ -678,3 +678,20 @@ def test_deepseek_v3_mla_and_shared_expert_counts_by_hand() -> None:
     # norms: two per layer, the q_a and kv_a norms (qr, kvr), the final norm
     assert pc.other == L * (2 * D + qr + kvr) + D
     assert load_model("deepseek-v3").kv_bytes_per_token == L * (kvr + rope) * 2  # bf16 latent + rotary key
+
+
+def test_hf_config_of_a_multimodal_model_names_text_config(tmp_path: Path) -> None:
+    # Llama 4 / Gemma 3 keep the language model's numbers under text_config: the error names it (it had read
+    # "num_hidden_layers: required key is missing", as if the file were broken)
+    text = _hf_from_card(load_model("llama-3.1-8b"))
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "llama4", "text_config": text, "vision_config": {"hidden_size": 1408}}))
+    with pytest.raises(ConfigError) as excinfo:
+        load_model(path)
+    msg = _one_line_error(excinfo)
+    assert msg.startswith(f"{path}: num_hidden_layers: required key is missing at the top level")
+    assert "under text_config (a multimodal model)" in msg and "write a model card YAML" in msg
+    # a config missing the key everywhere keeps the plain message
+    path.write_text(json.dumps({k: v for k, v in text.items() if k != "hidden_size"}))
+    with pytest.raises(ConfigError, match=r"config\.json: hidden_size: required key is missing \(Hugging Face"):
+        load_model(path)

@@ -130,3 +130,17 @@ def test_a_bad_token_id_in_a_tokenizer_json_is_one_line(tmp_path, capsys, tokeni
     (tmp_path / "tokenizer.json").write_text(json.dumps(tokenizer))
     assert main(["check-draft", str(DATA / "target"), str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"servesim: error: {tmp_path / 'tokenizer.json'}: {message}\n"
+
+
+def test_a_yaml_card_s_tokenizer_may_be_a_folder(tmp_path):
+    # as load_vocab's own argument and check-draft's: a model's folder holding tokenizer.json (it had read
+    # "Is a directory")
+    (tmp_path / "card.yaml").write_text(f"name: folder-card\ntokenizer: {DATA / 'target'}\neos_id: 3\n")
+    card = load_vocab(tmp_path / "card.yaml")
+    target = load_vocab(DATA / "target")
+    assert card.name == "folder-card" and card.tokens == target.tokens and card.type == target.type
+    assert card.eos_id == 3 and target.eos_id == 1  # the card's override
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "bad.yaml").write_text("tokenizer: empty\n")
+    with pytest.raises(ConfigError, match=r"empty/tokenizer\.json"):
+        load_vocab(tmp_path / "bad.yaml")

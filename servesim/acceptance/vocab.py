@@ -106,8 +106,8 @@ def first_difference(target: Vocab, draft: Vocab, max_size_difference: int = SPE
 
 
 class VocabCard(InputModel):
-    """A vocabulary described in YAML: ``tokens`` inline, or ``tokenizer`` (a tokenizer.json path relative to
-    the YAML file) with optional overrides of the other fields."""
+    """A vocabulary described in YAML: ``tokens`` inline, or ``tokenizer`` (a tokenizer.json path, or a folder
+    holding one, relative to the YAML file) with optional overrides of the other fields."""
 
     model_config = ConfigDict(extra="forbid")
     name: str | None = None
@@ -212,7 +212,10 @@ def load_vocab(spec: str | Path) -> Vocab:
         card = validate(VocabCard, data, str(path))
         name = card.name or path.stem
         if card.tokenizer is not None:
-            base = _from_tokenizer_json(path.parent / card.tokenizer, name)
+            tokenizer = path.parent / card.tokenizer
+            if tokenizer.is_dir():  # a model's folder, as load_vocab's own argument may be
+                tokenizer = tokenizer / "tokenizer.json"
+            base = _from_tokenizer_json(tokenizer, name)
             return Vocab(
                 name=name, type=card.vocab_type or base.type,
                 bos_id=card.bos_id if card.bos_id is not None else base.bos_id,

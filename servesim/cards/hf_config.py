@@ -59,6 +59,14 @@ def hf_config_to_card_data(cfg: dict[str, Any], source: str, default_name: str) 
     for key in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size",
                 "max_position_embeddings"):
         if cfg.get(key) is None:
+            if isinstance(cfg.get("text_config"), dict) and cfg["text_config"].get(key) is not None:
+                # a multimodal model (Llama 4, Gemma 3, Mistral 3, ...): its language model's numbers sit
+                # under text_config, beside a vision encoder whose weights the card would not count
+                raise ConfigError(
+                    f"{source}: {key}: required key is missing at the top level; this config keeps its language "
+                    "model's numbers under text_config (a multimodal model), which servesim does not read: "
+                    "write a model card YAML from text_config's numbers (they leave out the vision "
+                    "encoder's weights)")
             raise ConfigError(f"{source}: {key}: required key is missing (Hugging Face config.json)")
     model_type = str(cfg.get("model_type", "")).lower()
     name_or_path = cfg.get("_name_or_path") or ""
