@@ -300,3 +300,30 @@ def test_best_k_and_best_fixed_k_ties_keep_the_smaller_k():
     assert choose_best_k(grid, with_slo=False) == {1: 1}
     # shares of the best: k = 0 5/7, k = 1 and k = 2 1.0 each: the smaller k
     assert choose_best_fixed_k(grid) == 1
+
+
+@pytest.mark.parametrize("key", ["workload.rate", "workload.num_requests", "workload.concurrency",
+                                 "workload.max_requests", "workload.think_time_s"])
+def test_cli_refuses_a_set_workload_key_its_closed_loops_ignore(tmp_path, capsys, key):
+    # the closed loops keep only the workload's lengths: --set workload.rate had run silently, unapplied
+    from servesim.cli import main
+
+    path = tmp_path / "lesson.yaml"
+    path.write_text(yaml.safe_dump(lesson_config()))
+    assert main(["tune-k", str(path), "--set", f"{key}=3", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"servesim: error: --set {key}: tune-k replaces the workload with closed loops")
+    assert "keeps only its prompt_tokens, output_tokens, lengths, path, format" in err and "\n" not in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_cli_keeps_a_set_workload_length_key():
+    from servesim.cli.tune_k import refuse_ignored_workload_keys
+    from servesim.errors import ConfigError
+
+    used = ["workload.output_tokens.value", "workload.prompt_tokens", "workload.lengths.path", "workload.path",
+            "workload", "engine.max_num_seqs", "seed"]
+    # the used keys pass; the one ignored key among them is the one the error names
+    with pytest.raises(ConfigError, match=r"^--set workload\.rate: "):
+        refuse_ignored_workload_keys(used + ["workload.rate"] + used)
+    assert refuse_ignored_workload_keys(used) is None

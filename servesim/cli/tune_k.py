@@ -71,6 +71,29 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
     return out
 
 
+#: The workload keys tune-k's closed loops keep (:func:`servesim.analysis.tune_k.closed_loop_config`): the
+#: length distributions, or the trace whose (prompt, output) pairs they resample.
+WORKLOAD_KEYS_USED = ("type", "prompt_tokens", "output_tokens", "lengths", "path", "format")
+
+
+def refuse_ignored_workload_keys(keys: list[str]) -> None:
+    """Refuse a ``--set workload.KEY`` that tune-k's closed loops would ignore (its rate, request count,
+    arrival process...), which had run silently as if it were applied.
+
+    Raises:
+        ConfigError: one line naming the key and what tune-k uses instead.
+    """
+    from servesim.errors import ConfigError
+
+    for key in keys:
+        parts = key.split(".")
+        if parts[0] == "workload" and len(parts) > 1 and parts[1] not in WORKLOAD_KEYS_USED:
+            raise ConfigError(
+                f"--set {key}: tune-k replaces the workload with closed loops (--batch-sizes clients, "
+                "--requests-per-client requests each) and keeps only its "
+                + ", ".join(WORKLOAD_KEYS_USED[1:]) + " (a trace's pairs): this key would have no effect")
+
+
 def run(args: argparse.Namespace) -> int:
     """Tune, print and write the outputs; returns 0, or 1 when no k meets the SLOs at some batch size (the
     outputs are written all the same).
@@ -90,6 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     slos = parse_slos(args.slo)
     sizes = parse_batch_sizes(args.batch_sizes)
+    refuse_ignored_workload_keys(set_keys(args.overrides))
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, None), set_keys=set_keys(args.overrides))
     out = prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
 
