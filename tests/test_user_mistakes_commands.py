@@ -587,3 +587,31 @@ def test_a_draft_model_of_the_option_that_does_not_fit_names_the_option_with_the
     assert main(["run", str(config), "--out", str(tmp_path / "o"), "--no-plot"]) == 2
     assert capsys.readouterr().err.startswith(f"servesim: error: {config}: tensor_parallel_size: Llama-3.1-405B does "
                                               "not fit")
+
+
+TRACE = str(Path(__file__).resolve().parents[1] / "workloads" / "traces" / "conversation_trace.jsonl")
+
+
+@pytest.mark.parametrize("grid, message", [
+    ({"hardware": ["h100-sxm", "h999"]},
+     "(point hardware='h999'): hardware: unknown hardware card 'h999' (available in "),
+    ({"model": ["llama-3.1-8b", "no-such-model"]},
+     "(point model='no-such-model'): model: unknown model card 'no-such-model'"),
+    ({"workload": [{"type": "trace", "path": TRACE, "max_requests": 5},
+                   {"type": "trace", "path": "missing.jsonl", "max_requests": 5}]},
+     "workload.path: file not found: {folder}/missing.jsonl"),
+    ({"workload": [{"type": "poisson", "rate": 5, "num_requests": 10,
+                    "lengths": {"type": "empirical", "path": "lengths.jsonl"}}]},
+     "workload.lengths.path: file not found: {folder}/lengths.jsonl"),
+    ({"speculative_config": [{"method": "eagle", "num_speculative_tokens": 2, "acceptance": "no-such-profile"}]},
+     "speculative_config.acceptance: unknown acceptance profile 'no-such-profile' (expected one of: "),
+])
+def test_a_sweep_refuses_a_grid_value_naming_a_missing_input_before_any_run(tmp_path, capsys, grid, message):
+    # each had failed in every run of its points, after the sweep had run the others (failures.csv, exit 1)
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": grid})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "o"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"servesim: error: {sweep} (point ") and err.count("\n") == 1
+    assert message.format(folder=tmp_path) in err
+    assert not (tmp_path / "o").exists()  # nothing run, nothing written

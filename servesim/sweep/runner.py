@@ -234,7 +234,10 @@ def _write_failures(out_dir: Path, failures: list[Failure]) -> None:
 
 
 def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
-    """Validate every point's run config up front (one point at a time; a tqdm bar on stderr with ``show``).
+    """Validate every point's run config up front (one point at a time; a tqdm bar on stderr with ``show``),
+    with the cards it names and the input files its workload reads (each distinct one loaded or found
+    once): a grid value naming an unknown card or profile or a missing trace would otherwise fail in every
+    run of it.
 
     Raises:
         ConfigError: one line naming the sweep file, the point (its variant by name, its swept values) and
@@ -245,13 +248,75 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
     from servesim.input_files import validate
     from servesim.config.models import SimConfig
 
+    cards_seen: set[str] = set()
+    files_seen: set[Path] = set()
     points = iter_points(loaded)
     for point in tqdm(points, total=count_points(loaded), disable=not show, unit="point", desc="check"):
         # the variant by its name: its overrides (a whole speculative_config) do not say which one it is
         variant = [f"variant {point.variant!r}"] if loaded.config.variants else []
         axes = swept_values(point)
         where = ", ".join(variant + ([f"point {axes}"] if axes else [])) or "point base"
-        validate(SimConfig, point_config(loaded, point), f"{loaded.source} ({where})")
+        source = f"{loaded.source} ({where})"
+        cfg = validate(SimConfig, point_config(loaded, point), source)
+        _check_point_inputs(cfg, loaded.base_dir, source, cards_seen, files_seen)
+
+
+def _check_point_inputs(cfg, base_dir: Path, source: str, cards_seen: set[str], files_seen: set[Path]) -> None:
+    """The cards and the acceptance profile ``cfg`` names load, and every ``path`` in its workload (a trace,
+    an empirical lengths file) is a file; ``cards_seen`` and ``files_seen`` hold what earlier points
+    already passed.
+
+    Raises:
+        ConfigError: ``SOURCE: FIELD: ...`` for an unknown or invalid card or profile or a missing input file.
+    """
+    from servesim.sweep.canonical import canonical_json
+    from servesim.wiring import resolve_cards
+    from servesim.workload.lengths import resolve_path
+
+    cards = canonical_json(cfg.model_dump(mode="json", include={"hardware", "model", "roofline"}))
+    if cards not in cards_seen:
+        try:
+            resolve_cards(cfg, base_dir)
+        except ServesimError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        cards_seen.add(cards)
+    spec = None
+    if cfg.speculative_config is not None:
+        from servesim.input_files import validate
+        from servesim.speculation.config import SpeculativeConfig
+
+        spec = validate(SpeculativeConfig, cfg.speculative_config, f"{source}: speculative_config")
+    if spec is not None and spec.synthetic_profile() is None:
+        from servesim.speculation.config import DEFAULT_PROFILES
+        from servesim.speculation.profile import load_profile
+
+        profile = spec.acceptance if spec.acceptance is not None else DEFAULT_PROFILES[spec.method]
+        key = canonical_json({"acceptance": profile if isinstance(profile, (str, dict)) else str(profile)})
+        if key not in cards_seen:
+            try:
+                load_profile(profile, base_dir=base_dir, source="speculative_config.acceptance")
+            except ServesimError as exc:
+                raise ConfigError(f"{source}: {exc}") from None
+            cards_seen.add(key)
+    for field, text in _workload_paths(cfg.workload.model_dump(mode="python"), "workload"):
+        path = resolve_path(text, base_dir)
+        if path not in files_seen:
+            if not path.is_file():
+                raise ConfigError(f"{source}: {field}: file not found: {path}")
+            files_seen.add(path)
+
+
+def _workload_paths(data: Any, field: str) -> Iterator[tuple[str, str]]:
+    """``(dotted field, path)`` of every string under a key named ``path`` in a workload mapping."""
+    if isinstance(data, dict):
+        for key, value in data.items():
+            if key == "path" and isinstance(value, str):
+                yield f"{field}.{key}", value
+            else:
+                yield from _workload_paths(value, f"{field}.{key}")
+    elif isinstance(data, list):
+        for index, value in enumerate(data):
+            yield from _workload_paths(value, f"{field}[{index}]")
 
 
 def count_runs(sweep: LoadedSweep) -> tuple[int, int]:
