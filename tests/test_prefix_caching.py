@@ -502,3 +502,53 @@ def test_the_multi_turn_workload_file_hits_the_prefix_cache_as_its_docs_say(spec
               **({"speculative_config": spec} if spec else {})}
     summary = simulate(config).summary
     assert summary["prefix_cache"]["hits"] > 0
+
+
+class _Content:
+    """The fields of SequenceContent that shareable_blocks reads."""
+
+    def __init__(self, content_ids, segment_request, segment_starts, sequence_tokens):
+        self.content_ids, self.segment_request = content_ids, segment_request
+        self.segment_starts, self.sequence_tokens = segment_starts, sequence_tokens
+
+    def __len__(self) -> int:
+        return len(self.sequence_tokens)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_shareable_blocks_counts_the_requests_of_each_content_id_once(seed):
+    # per request: its leading blocks before its first segment whose content id no other request has, by a
+    # Python dict of id -> requests and by numpy's unique over the stacked (id, request) pairs (the former code)
+    from servesim.engine.block_manager import shareable_blocks
+
+    rng = np.random.default_rng(seed)
+    n, block_size = 60, 16
+    requests, ids, starts = [], [], []
+    for r in rng.permutation(n):  # segments in no particular request order
+        at = 0
+        for _ in range(int(rng.integers(1, 6))):
+            requests.append(r)
+            ids.append(int(rng.integers(0, 40)) | (int(rng.integers(2, 5)) << 56))  # repeats within and across
+            starts.append(at)
+            at += int(rng.integers(1, 80))
+    ids_array = np.array(ids, dtype=np.uint64)
+    req_array = np.array(requests, dtype=np.int64)
+    start_array = np.array(starts, dtype=np.int64)
+    tokens = np.array([1 + max([s + 50 for s, q in zip(starts, requests) if q == r] or [50]) for r in range(n)])
+    content = _Content(ids_array, req_array, start_array, tokens.astype(np.int64))
+    got = shareable_blocks(content, block_size)
+    owners: dict[int, set[int]] = {}
+    for q, i in zip(requests, ids):
+        owners.setdefault(i, set()).add(q)
+    expected = []
+    for r in range(n):
+        solo_starts = [s for s, q, i in zip(starts, requests, ids) if q == r and len(owners[i]) == 1]
+        expected.append(min(solo_starts + [int(tokens[r])]) // block_size)
+    assert got.tolist() == expected
+    pairs = np.unique(np.stack([ids_array, req_array.astype(np.uint64)], axis=1), axis=0)
+    uniq, counts = np.unique(pairs[:, 0], return_counts=True)
+    solo = counts[np.searchsorted(uniq, ids_array)] == 1
+    first = np.full(n, np.iinfo(np.int64).max, dtype=np.int64)
+    np.minimum.at(first, req_array[solo], start_array[solo])
+    assert got.tolist() == (np.minimum(first, tokens) // block_size).tolist()
+    assert 0 < sum(got) < sum(tokens // block_size)  # some blocks shared, some not

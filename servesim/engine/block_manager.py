@@ -212,9 +212,18 @@ def shareable_blocks(content, block_size: int) -> np.ndarray:
     n = len(content)
     seg_req = content.segment_request
     ids = content.content_ids
-    # requests per content id, counting each (request, id) pair once
-    pairs = np.unique(np.stack([ids, seg_req.astype(np.uint64)], axis=1), axis=0)
-    uniq, counts = np.unique(pairs[:, 0], return_counts=True)
+    # requests per content id, counting each (request, id) pair once: the segments sorted by (id, request),
+    # a pair counted where it differs from the one before (np.unique(axis=0) on the stacked pairs gives the
+    # same counts, tests/test_prefix_caching.py, but sorts rows as opaque bytes: 15 times slower, 0.29 s on
+    # the Mooncake conversation trace's 300,000 segments)
+    order = np.lexsort((seg_req, ids))
+    sorted_ids, sorted_req = ids[order], seg_req[order]
+    new_pair = np.ones(len(order), dtype=bool)
+    new_pair[1:] = (sorted_ids[1:] != sorted_ids[:-1]) | (sorted_req[1:] != sorted_req[:-1])
+    pair_ids = sorted_ids[new_pair]
+    first_of_id = np.flatnonzero(np.concatenate(([True], pair_ids[1:] != pair_ids[:-1])))
+    uniq = pair_ids[first_of_id]
+    counts = np.diff(np.append(first_of_id, len(pair_ids)))  # distinct requests per content id
     solo = counts[np.searchsorted(uniq, ids)] == 1
     ends = content.sequence_tokens.copy()
     starts = content.segment_starts
