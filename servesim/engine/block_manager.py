@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
-@dataclass(eq=False)
 class CachedBlock:
     """One physical block holding a full, hashed block that other requests can hit (an explicit entry).
 
@@ -54,20 +53,30 @@ class CachedBlock:
         block_hash: the chained hash (uint64 as int) of the tokens up to the block's end.
         ref_count: requests holding the block (vLLM ``KVCacheBlock.ref_cnt``); 0 = in the free queue.
         queue_slot: its live entry in the free queue, or None when held.
+
+    This class and :class:`QueueSlot`, :class:`CacheHit` and :class:`OwnHit` are plain classes with their
+    own ``__init__`` rather than dataclasses: one is built per cached block or lookup, and a dataclass's
+    generated ``__init__`` runs interpreted even in the compiled engine. Equality is identity, as the
+    dataclasses' ``eq=False`` had it.
     """
 
-    block_hash: int
-    ref_count: int = 1
-    queue_slot: QueueSlot | None = None
+    __slots__ = ("block_hash", "ref_count", "queue_slot")
+
+    def __init__(self, block_hash: int, ref_count: int = 1, queue_slot: QueueSlot | None = None) -> None:
+        self.block_hash = block_hash
+        self.ref_count = ref_count
+        self.queue_slot = queue_slot
 
 
-@dataclass(eq=False)
 class QueueSlot:
     """The place of a :class:`CachedBlock` in the free queue; ``live`` is False once a hit took it out
     (removal from the middle of the queue is lazy: the head skips dead slots)."""
 
-    block: CachedBlock
-    live: bool = True
+    __slots__ = ("block", "live")
+
+    def __init__(self, block: CachedBlock, live: bool = True) -> None:
+        self.block = block
+        self.live = live
 
 
 @dataclass(eq=False)
@@ -139,7 +148,6 @@ class DeadRun:
         self.count -= num_blocks
 
 
-@dataclass(eq=False)
 class CacheHit:
     """A waiting request's prefix-cache hit (vLLM ``get_computed_blocks``).
 
@@ -152,19 +160,25 @@ class CacheHit:
             :class:`OwnHit`.
     """
 
-    num_blocks: int = 0
-    num_evictable: int = 0
-    shared: list[CachedBlock] = field(default_factory=list)
-    own: list[OwnHit] = field(default_factory=list)
+    __slots__ = ("num_blocks", "num_evictable", "shared", "own")
+
+    def __init__(self, num_blocks: int = 0, num_evictable: int = 0, shared: list[CachedBlock] | None = None,
+                 own: list[OwnHit] | None = None) -> None:
+        self.num_blocks = num_blocks
+        self.num_evictable = num_evictable
+        self.shared = [] if shared is None else shared
+        self.own = [] if own is None else own
 
 
-@dataclass(eq=False)
 class OwnHit:
     """Blocks ``first .. end - 1`` of a request's own chain, hit in ``run``."""
 
-    run: ChainRun
-    first: int
-    end: int
+    __slots__ = ("run", "first", "end")
+
+    def __init__(self, run: ChainRun, first: int, end: int) -> None:
+        self.run = run
+        self.first = first
+        self.end = end
 
 
 NO_HIT = CacheHit()

@@ -106,7 +106,6 @@ class SpecSetup:
     prefill_lookahead: int = 0
 
 
-@dataclass(slots=True)
 class DecoderTimeline:
     """An aggregated decoder's rounds from the step it joined the aggregate at (run mode).
 
@@ -126,19 +125,28 @@ class DecoderTimeline:
     The arrays are int64, or of the acceptance table's and its cumulative sum's dtypes where they come from
     them (:meth:`SpeculativeDecoding._emitted_block`; ``accepted`` is then a view of the int8 table):
     nothing writes into them after the join.
+
+    A plain class with its own ``__init__`` rather than a dataclass: one is built per join, and a
+    dataclass's generated ``__init__`` runs interpreted even in the compiled engine.
     """
 
-    start_step: int
-    num_rounds: int
-    computed_before: np.ndarray
-    blocks_held: np.ndarray
-    accepted: np.ndarray | None
-    generated_at_start: int
-    blocks_at_start: int
-    round_at_start: int
-    new_blocks: np.ndarray
-    scheduled: np.ndarray | int
-    k: int
+    __slots__ = ("start_step", "num_rounds", "computed_before", "blocks_held", "accepted", "generated_at_start",
+                 "blocks_at_start", "round_at_start", "new_blocks", "scheduled", "k")
+
+    def __init__(self, start_step: int, num_rounds: int, computed_before: np.ndarray, blocks_held: np.ndarray,
+                 accepted: np.ndarray | None, generated_at_start: int, blocks_at_start: int, round_at_start: int,
+                 new_blocks: np.ndarray, scheduled: np.ndarray | int, k: int) -> None:
+        self.start_step = start_step
+        self.num_rounds = num_rounds
+        self.computed_before = computed_before
+        self.blocks_held = blocks_held
+        self.accepted = accepted
+        self.generated_at_start = generated_at_start
+        self.blocks_at_start = blocks_at_start
+        self.round_at_start = round_at_start
+        self.new_blocks = new_blocks
+        self.scheduled = scheduled
+        self.k = k
 
 
 @dataclass(slots=True)
