@@ -248,7 +248,7 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
     from servesim.input_files import validate
     from servesim.config.models import SimConfig
 
-    cards_seen: set[str] = set()
+    inputs_seen: set[str] = set()
     files_seen: set[Path] = set()
     points = iter_points(loaded)
     for point in tqdm(points, total=count_points(loaded), disable=not show, unit="point", desc="check"):
@@ -258,12 +258,12 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
         where = ", ".join(variant + ([f"point {axes}"] if axes else [])) or "point base"
         source = f"{loaded.source} ({where})"
         cfg = validate(SimConfig, point_config(loaded, point), source)
-        _check_point_inputs(cfg, loaded.base_dir, source, cards_seen, files_seen)
+        _check_point_inputs(cfg, loaded.base_dir, source, inputs_seen, files_seen)
 
 
-def _check_point_inputs(cfg, base_dir: Path, source: str, cards_seen: set[str], files_seen: set[Path]) -> None:
+def _check_point_inputs(cfg, base_dir: Path, source: str, inputs_seen: set[str], files_seen: set[Path]) -> None:
     """The cards and the acceptance profile ``cfg`` names load, and every ``path`` in its workload (a trace,
-    an empirical lengths file) is a file; ``cards_seen`` and ``files_seen`` hold what earlier points
+    an empirical lengths file) is a file; ``inputs_seen`` (cards and profiles) and ``files_seen`` hold what earlier points
     already passed.
 
     Raises:
@@ -274,12 +274,12 @@ def _check_point_inputs(cfg, base_dir: Path, source: str, cards_seen: set[str], 
     from servesim.workload.lengths import resolve_path
 
     cards = canonical_json(cfg.model_dump(mode="json", include={"hardware", "model", "roofline"}))
-    if cards not in cards_seen:
+    if cards not in inputs_seen:
         try:
             resolve_cards(cfg, base_dir)
         except ServesimError as exc:
             raise ConfigError(f"{source}: {exc}") from None
-        cards_seen.add(cards)
+        inputs_seen.add(cards)
     spec = None
     if cfg.speculative_config is not None:
         from servesim.input_files import validate
@@ -292,12 +292,12 @@ def _check_point_inputs(cfg, base_dir: Path, source: str, cards_seen: set[str], 
 
         profile = spec.acceptance if spec.acceptance is not None else DEFAULT_PROFILES[spec.method]
         key = canonical_json({"acceptance": profile if isinstance(profile, (str, dict)) else str(profile)})
-        if key not in cards_seen:
+        if key not in inputs_seen:
             try:
                 load_profile(profile, base_dir=base_dir, source="speculative_config.acceptance")
             except ServesimError as exc:
                 raise ConfigError(f"{source}: {exc}") from None
-            cards_seen.add(key)
+            inputs_seen.add(key)
     for field, text in _workload_paths(cfg.workload.model_dump(mode="python"), "workload"):
         path = resolve_path(text, base_dir)
         if path not in files_seen:
