@@ -263,8 +263,8 @@ def _check_configs(loaded: LoadedSweep, show: bool = False) -> None:
 
 def _check_point_inputs(cfg, base_dir: Path, source: str, inputs_seen: set[str], files_seen: set[Path]) -> None:
     """The cards and the acceptance profile ``cfg`` names load, and every ``path`` in its workload (a trace,
-    an empirical lengths file) is a file; ``inputs_seen`` (cards and profiles) and ``files_seen`` hold what earlier points
-    already passed.
+    an empirical lengths file) is a file; ``inputs_seen`` (cards and profiles) and ``files_seen`` hold what
+    earlier points already passed.
 
     Raises:
         ConfigError: ``SOURCE: FIELD: ...`` for an unknown or invalid card or profile or a missing input file.
