@@ -76,7 +76,8 @@ def _as_config(config: Any, base_dir: str | Path | None) -> tuple[SimConfig, Pat
     return validate(SimConfig, inline_workload_file(config, folder, "config"), "config"), folder
 
 
-def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, base_dir: str | Path | None = None) -> Result:
+def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, base_dir: str | Path | None = None,
+             progress: bool = False) -> Result:
     """Simulate one server configuration.
 
     Args:
@@ -86,6 +87,8 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
             pass one spawned per point and replication). Same config and seed give identical results.
         base_dir: folder that relative paths in the config resolve against (default: the config file's
             folder, or the current directory for mappings).
+        progress: show a bar of completed requests on stderr while simulating, when stderr is a terminal and
+            the run lasts more than a second (:mod:`servesim.progress`; the results are the same).
 
     Returns:
         A :class:`Result` with ``summary`` (dict), ``requests`` and ``steps`` (pandas DataFrames).
@@ -106,11 +109,13 @@ def simulate(config: Any, *, seed: int | np.random.SeedSequence | None = None, b
         raise ConfigError(f"seed: expected a non-negative integer or a numpy SeedSequence (got {seed!r})")
     cfg, folder = _as_config(config, base_dir)
     with naming_settings_of(cfg.source):
-        return _simulate(cfg, folder, seed)
+        return _simulate(cfg, folder, seed, progress)
 
 
-def _simulate(cfg: SimConfig, folder: Path, seed: int | np.random.SeedSequence | None) -> Result:
+def _simulate(cfg: SimConfig, folder: Path, seed: int | np.random.SeedSequence | None,
+              progress: bool = False) -> Result:
     from servesim.collector import cycle_collector_paused
+    from servesim.progress import run_to_end
     from servesim.wiring import build_engine
 
     if seed is None:
@@ -125,10 +130,13 @@ def _simulate(cfg: SimConfig, folder: Path, seed: int | np.random.SeedSequence |
         from servesim.deployment import build_deployment
 
         runner, env, info = build_deployment(cfg, folder, root)
+        engines, total = runner.engines, runner.source.num_requests
     else:
         runner, env, info = build_engine(cfg, folder, root)
+        engines, total = [runner], runner.num_requests
     with cycle_collector_paused():  # the run makes no reference cycles (servesim/collector.py)
-        env.run()
+        run_to_end(env, lambda: sum(engine.finished for engine in engines), total, progress)
+    del engines
     out = runner.output()
     if cfg.deployment.replicas > 1:
         replica_outputs, router = runner.replica_outputs(), runner.router_summary()

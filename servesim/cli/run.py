@@ -47,7 +47,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(servesim.speculation.llamacpp; --set speculative_config.KEY=... still applies after it)",
     )
     parser.add_argument("--no-plot", action="store_true", help="skip latency.png (faster)")
-    parser.add_argument("--quiet", action="store_true", help="print nothing on success")
+    parser.add_argument("--quiet", action="store_true", help="print nothing on success (no progress bar either)")
 
 
 def _seed(text: str) -> int:
@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
         option = speculative_option(args.overrides, args.speculative_config, getattr(args, "llama_cpp_spec", None))
         with naming_option_of("speculative_config", option, cfg.source), naming_set_keys(set_keys(args.overrides),
                                                                                          cfg.source):
-            result = simulate(cfg, seed=args.seed, base_dir=folder)
+            result = simulate(cfg, seed=args.seed, base_dir=folder, progress=not args.quiet)
             summary = dict(result.summary)
             _check_window(summary, cfg)
         summary["setup"] = result.info
