@@ -160,6 +160,16 @@ def conversation_turns(seed: int, sessions: int, turns: int, system: int, messag
     return out
 
 
+def fuzz_scenario(seed: int, index: int) -> dict:
+    """Scenario ``index`` of ``oracle/fuzz.py``'s seed ``seed`` (its generator: numpy only)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from fuzz import scenarios as fuzz_scenarios
+
+    return fuzz_scenarios(seed, index + 1)[index]
+
+
 def spec(method, k, table=None, layers=None):
     out = {"method": method, "num_speculative_tokens": k}
     if table is not None:
@@ -286,6 +296,34 @@ def scenarios() -> list[dict]:
     add("async_plain_max_num_seqs", "async scheduling, max_num_seqs=3 and 1-3 token outputs: finished requests "
         "hold their slot and blocks while the next step is scheduled",
         engine(seqs=3, blocks=30, async_scheduling=True), requests(57, 10, (10, 60), (1, 3), arrivals="zero"))
+    # --- max_model_len within K + lookahead of a request's end (found by oracle/fuzz.py)
+    near = requests(60, 8, (20, 60), (20, 40), k=4)
+    for i, r in enumerate(near):
+        r["prompt_tokens"] = 128 - r["output_tokens"] - i % 6  # prompt + output = 128 - (0..5)
+    add("eagle_max_model_len", "EAGLE k=4, max_model_len 128, requests ending 0-5 tokens short of it: a verify "
+        "never reaches past position max_model_len - 1 (drafts cut to max_model_len - num_computed - 2) and the "
+        "KV slots, lookahead included, stop at max_model_len (8 blocks, not 9)",
+        engine(seqs=4, blocks=40, max_model_len=128), near, spec("eagle", 4))
+    nochunk = requests(61, 8, (20, 60), (10, 30), k=3, empty_share=0.3)
+    for i, r in enumerate(nochunk):
+        r["prompt_tokens"] = 96 - r["output_tokens"] - i % 4
+    add("async_eagle_max_model_len", "async scheduling, EAGLE k=4, max_model_len 128, requests ending 0-5 tokens "
+        "short of it: the bound max_model_len - num_computed - 1 counts the previous step's drafts in flight, so "
+        "a request whose drafts were rejected verifies fewer, or is skipped for a step when no token is left",
+        engine(seqs=4, blocks=40, max_model_len=128, async_scheduling=True), near, spec("eagle", 4))
+    fuzzed = fuzz_scenario(1, 32)  # oracle/fuzz.py's scenario fuzz_s1_32
+    add("async_draft_model_max_model_len_empty_step", "async scheduling, draft model k=1, prefix caching, chunked "
+        "prefill off, max_model_len = budget = 202 (fuzz_s1_32): every running request is skipped at "
+        "max_model_len while its previous output is in flight, an empty step; vLLM processes that output and "
+        "schedules again", fuzzed["engine"], fuzzed["requests"], fuzzed["speculative_config"])
+    fuzzed = fuzz_scenario(6, 140)
+    add("async_eagle_empty_step_preemption", "async scheduling, EAGLE k=3, a tight pool (fuzz_s6_140): a schedule() "
+        "call preempts and schedules nothing (the finished request's last output still in flight); its victim is "
+        "traced with the next step, which readmits it", fuzzed["engine"], fuzzed["requests"],
+        fuzzed["speculative_config"])
+    add("ngram_max_model_len_no_chunked_prefill", "n-gram k=3, chunked prefill off with max_model_len = budget = "
+        "96 and requests ending 0-3 tokens short of it: drafts cut at the context's end",
+        engine(tokens=96, chunked=False, max_model_len=96, blocks=30), nochunk, spec("ngram", 3))
     prefix_scenarios(add)
     return S
 
@@ -405,6 +443,23 @@ def prefix_scenarios(add) -> None:
         "the block size (48, 64, 80, 112): the finished turn's last output is processed before its blocks are "
         "freed and caches the block its last computed token fills, so the follow-up hits all of it",
         engine(async_scheduling=True, **pc), with_content(fin, 295))
+    # a last verify whose accepted drafts run past max_tokens (found by oracle/fuzz.py): the placeholders of the
+    # drafts cut off stay, so the turn caches num_tokens - 1 (P + O - 1 = 31, 47: block 0, 1 and 2 of 16)
+    trim = [{"key": "v0", "arrival_step": 0, "parts": [("message", "v0", 25)], "output_tokens": 7},
+            {"key": "v1", "arrival_step": 1, "parts": [("system", 0, 40)], "output_tokens": 8},
+            {"key": "v2", "arrival_step": 30, "parts": [("message", "v0", 25), ("output", "v0", 7),
+                                                        ("message", "v2", 10)], "output_tokens": 3},
+            {"key": "v3", "arrival_step": 31, "parts": [("system", 0, 40), ("output", "v1", 8),
+                                                        ("message", "v3", 5)], "output_tokens": 3},
+            {"key": "v4", "arrival_step": 32, "parts": [("system", 0, 40), ("message", "v4", 20)], "output_tokens": 3}]
+    trimmed = with_content(trim, 296, k=3)
+    for r, acc in zip(trimmed, ([3, 3, 3], [3, 3, 3], [0, 0, 0], [0, 0, 0], [0, 0, 0])):
+        r["accept"] = acc  # turns 0 and 1 end with a verify accepting 3 drafts of which 1 and 0 are emitted
+    add("prefix_async_trimmed_verify", "async scheduling, draft model k=3: turns whose last verify accepts more "
+        "drafts than their max_tokens leaves room for cache num_tokens - 1 tokens once that output is processed "
+        "(vLLM keeps the cut drafts' placeholders), so their follow-ups hit 16 and 32 tokens, not 32 and 48 (and a "
+        "request sharing only the 40-token system prompt hits its 32)",
+        engine(async_scheduling=True, **pc), trimmed, spec("draft_model", 3))
 
 
 def main() -> None:

@@ -24,7 +24,7 @@ batches in flight (async).
 
 Trace (one entry per ``schedule()`` call that scheduled tokens): ``scheduled`` = ``[request, tokens,
 drafts]`` in vLLM's order (running requests in running order, then admissions), ``preempted`` = victims in
-order, ``kv_blocks_used`` = blocks held after scheduling (null block excluded), ``num_waiting`` = waiting
+order (with those of a call just before that scheduled nothing), ``kv_blocks_used`` = blocks held after scheduling (null block excluded), ``num_waiting`` = waiting
 requests before scheduling, ``k`` = ``num_spec_tokens_to_schedule`` (the drafts proposed after this step).
 With prefix caching also ``new_computed`` = ``[request, num_computed_tokens]`` of the requests taken from
 WAITING (the prefix-cache hit, tokens) and ``prefix_cache`` = the step's ``PrefixCacheStats``.
@@ -246,7 +246,6 @@ class Driver:
     def schedule(self, step: int):
         s = self.s
         nwait = len(s.waiting)
-        s.victims = []
         status = self.v["RequestStatus"]
         from_waiting = {rid for rid, req in s.requests.items() if req.status in (status.WAITING, status.PREEMPTED)}
         so = s.schedule()
@@ -288,6 +287,7 @@ class Driver:
                 "preempted_hits": stats.preempted_hits,
             }
         self.steps.append(entry)
+        s.victims = []  # (a call that scheduled nothing keeps its victims for the next entry)
         ids = list(so.num_scheduled_tokens)
         out = self.v["ModelRunnerOutput"](req_ids=ids, req_id_to_index={x: i for i, x in enumerate(ids)},
                                            sampled_token_ids=sampled)
@@ -398,6 +398,14 @@ def run_scenario(v, scen: dict) -> dict:
     return {"vllm_version": VLLM_VERSION, "vllm_config": info, "scenario": scen, "steps": drv.steps}
 
 
+def write_trace(golden: dict, target: Path) -> None:
+    """Write a trace as gzip'd compact JSON with a zero timestamp (byte-identical for the same trace)."""
+    tmp = target.with_suffix(".tmp")
+    with gzip.GzipFile(tmp, "wb", mtime=0) as fh:
+        fh.write(json.dumps(golden, separators=(",", ":")).encode())
+    tmp.replace(target)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("scenarios", nargs="+", type=Path, help="scenario JSON files")
@@ -409,10 +417,7 @@ def main(argv=None) -> int:
         scen = json.loads(path.read_text())
         golden = run_scenario(v, scen)
         target = args.out / f"{scen['name']}.json.gz"
-        tmp = target.with_suffix(".tmp")
-        with gzip.GzipFile(tmp, "wb", mtime=0) as fh:
-            fh.write(json.dumps(golden, separators=(",", ":")).encode())
-        tmp.replace(target)
+        write_trace(golden, target)
         print(f"{scen['name']}: {len(golden['steps'])} steps -> {target}")
     return 0
 

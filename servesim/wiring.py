@@ -425,6 +425,7 @@ def make_engine(p: Prepared, source, prompt_tokens=None, output_tokens=None) -> 
             content=p.workload.content if prompt_tokens is None else None,
             mode=p.cfg.simulation.mode,
             max_time_s=p.cfg.simulation.max_time_s,
+            max_model_len=e.max_model_len or getattr(p.model, "max_model_len", None),
         )
     except ValueError as exc:
         raise SettingError(f"engine: {exc}") from None

@@ -119,6 +119,11 @@ class Engine:
             (None = no two requests share content; a preempted request still hits its own blocks).
         speculation: a :class:`~servesim.engine.speculative_decoding.SpecSetup` to decode speculatively;
             None (default) = plain decoding.
+        max_model_len: vLLM's ``max_model_len`` (tokens), the longest prompt + output; None = unbounded. With
+            speculation vLLM never schedules a position past ``max_model_len - 1`` nor allocates KV slots
+            past ``max_model_len``, so a request within ``K`` drafts plus the lookahead of it verifies fewer
+            drafts and holds fewer blocks (``SpeculativeDecoding._context_limits``; under async scheduling
+            with exact steps only).
 
     Raises:
         ValueError: a request has no prompt or no output token (``prompt_tokens`` or ``output_tokens`` <
@@ -148,6 +153,7 @@ class Engine:
         enable_prefix_caching: bool = False,
         content=None,
         speculation=None,
+        max_model_len: int | None = None,
     ) -> None:
         if mode not in ("run", "step"):
             raise ValueError(f"unknown engine mode {mode!r} (expected 'run' or 'step')")
@@ -178,6 +184,7 @@ class Engine:
         self.finishing: dict[int, bool] = {}
         self.num_unsure_finishing = 0  # those vLLM did not know would finish
         self.max_time_ps = None if max_time_s is None else round(max_time_s * PS_PER_S)
+        self.max_model_len = None if max_model_len is None else int(max_model_len)
         if num_requests:
             self._check_requests_fit()
         # Per-request state (materialised: always valid for non-decoders, for decoders in step mode).
@@ -223,6 +230,14 @@ class Engine:
         self.draft_slots = decoding.draft_slots
         self.prefill_lookahead = decoding.prefill_lookahead
         self.lookahead_slots = decoding.lookahead_slots
+        # vLLM allocates KV slots for at most max_model_len tokens; None where no request comes that close
+        self.kv_token_cap = decoding.kv_token_cap
+        # async scheduling with a request near max_model_len: vLLM's bound on a running request's new tokens,
+        # max_model_len - num_computed_tokens - 1, counts the drafts in flight and may skip the request for a
+        # step; applied in the exact step, so run mode takes exact steps throughout (the same results)
+        self.context_cap = decoding.context_cap
+        if self.context_cap is not None:
+            self.mode = "step"
         # vLLM's num_reprefillable_tokens (multi-layer MTP: the last prefill_lookahead - 1 tokens are not cached yet)
         self.reprefill_tokens = max(self.prefill_lookahead - 1, 0)
         self.k_next = decoding.initial_k  # drafts proposed in the last step, verified in the next one
@@ -283,6 +298,9 @@ class Engine:
                 raise ValueError(f"request {r}: {name} = {tokens[r]}, expected >= 1 (vLLM needs a prompt "
                                  "token and max_tokens >= 1)")
         longest = int(max(map(operator.add, self.prompt_tokens, self.output_tokens)))
+        if self.max_model_len is not None and longest > self.max_model_len:
+            raise ValueError(f"a request of {longest} tokens (prompt + output) exceeds max_model_len="
+                             f"{self.max_model_len}: vLLM would reject it")
         if -(-longest // bs) > self.total_blocks:
             raise ValueError(
                 f"a request of {longest} tokens (prompt + output) needs more KV blocks than the cache holds "
@@ -389,7 +407,10 @@ class Engine:
                 n = self._reserve_prefill_lookahead(total, hit_tokens, n)
                 if not n:
                     break
-            need = -(-(hit_tokens + n + lookahead) // bs) + extra  # the first chunk and the lookahead slots
+            slots = hit_tokens + n + lookahead  # the first chunk and the lookahead slots
+            if self.kv_token_cap is not None and slots > self.kv_token_cap:
+                slots = self.kv_token_cap
+            need = -(-slots // bs) + extra
             if need > free:
                 break
             free -= need
@@ -556,11 +577,17 @@ class Engine:
         return freed
 
     def _processed_output_cached(self, r: int) -> int:
-        """Tokens request ``r``'s blocks cache once vLLM has processed its last output (its computed tokens,
-        at most its known ones, less ``num_reprefillable_tokens``; may be negative: callers clamp at 0)."""
-        total = self.prompt_tokens[r] + self.num_generated[r]
+        """Tokens request ``r``'s blocks cache once vLLM has processed its last output: its computed tokens,
+        at most its known ones less the last (whose KV is not computed), less ``num_reprefillable_tokens``;
+        may be negative: callers clamp at 0.
+
+        vLLM caches ``num_computed_tokens - num_output_placeholders``; when a verify's tokens are cut at
+        ``max_tokens`` the placeholders of the accepted drafts past it stay, so a request that finished with
+        more drafts accepted than it emitted still caches ``num_tokens - 1``, not its computed tokens.
+        """
+        known = self.prompt_tokens[r] + self.num_generated[r] - 1
         computed = self.num_computed[r]
-        return (computed if computed < total else total) - self.reprefill_tokens
+        return (computed if computed < known else known) - self.reprefill_tokens
 
     def _kv_cached(self, r: int) -> int:
         """Tokens of request ``r``'s blocks that are cached: as noted at its last scheduling, and under async
@@ -653,6 +680,8 @@ class Engine:
         finishing, zombies, step = self.finishing, [], self.step_index
         speculative = decoding.speculative
         inflight_drafts = speculative and self.async_scheduling  # see rejected_drafts
+        kv_cap = self.kv_token_cap
+        skipped = False  # a request skipped at max_model_len (context_cap)
         while idx < len(order) and budget > ds:
             r = order[idx]
             drafts = draw = 0
@@ -684,7 +713,22 @@ class Engine:
                         idx += 1
                         continue
             inflight = self.rejected_drafts[r] if inflight_drafts and self.rejected_at_step[r] == step - 1 else 0
-            free, count, stop = self._make_room(order, r, -(-(computed[r] + inflight + n + lookahead) // bs), free)
+            if self.context_cap is not None:
+                room = self.context_cap - computed[r] - inflight - 1  # vLLM's num_computed_tokens counts inflight
+                if n > room:
+                    if room <= 0:  # vLLM skips it (``continue``)
+                        if zombies and zombies[-1] == r:
+                            zombies.pop()
+                        skipped = True
+                        idx += 1
+                        continue
+                    n = room
+                    if drafts > n - 1:
+                        drafts = n - 1
+            slots = computed[r] + inflight + n + lookahead
+            if kv_cap is not None and slots > kv_cap:
+                slots = kv_cap  # vLLM allocates slots for at most max_model_len tokens
+            free, count, stop = self._make_room(order, r, -(-slots // bs), free)
             preempted += count
             if stop:
                 break
@@ -699,8 +743,10 @@ class Engine:
             sched.extend((r, n, 0, 0) for r, n in admitted)
         self.free_blocks = free
         if not sched:
-            if self.finishing:  # vLLM's empty async step: the previous output is processed, then it schedules again
-                self.release_finishing()
+            if self.finishing or skipped:  # vLLM's empty async step: the previous output is processed, then it
+                self.release_finishing()   # schedules again (its drafts are no longer in flight)
+                if skipped:
+                    self.rejected_at_step = [-2] * self.num_requests
                 return
             self._stalled()
         tokens = logits = kv = pairs = prefill = num_sampled = 0
@@ -1026,7 +1072,10 @@ class Engine:
             if self.prefill_lookahead > 1:
                 n_partial = self._reserve_prefill_lookahead(prompt[p] + gen[p], computed[p], n_partial)
                 partial_scheduled = n_partial > 0
-            need_partial = max(-(-(computed[p] + n_partial + lookahead) // bs) - blocks[p], 0)
+            slots = computed[p] + n_partial + lookahead
+            if self.kv_token_cap is not None and slots > self.kv_token_cap:
+                slots = self.kv_token_cap
+            need_partial = max(-(-slots // bs) - blocks[p], 0)
         preempted = 0
         if new_blocks + zombie_blocks + (need_partial if partial_scheduled else 0) > self.free_blocks:
             # the decoders and the repeated finished requests allocate before the partial prefill

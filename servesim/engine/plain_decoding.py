@@ -26,6 +26,8 @@ class PlainDecoding:
     draft_slots = 0
     prefill_lookahead = 0
     lookahead_slots = 0
+    kv_token_cap = None  # without drafts or lookahead slots no request reaches max_model_len's KV cap
+    context_cap = None  # ... nor its bound on a step's positions
     initial_k = 0
     use_eagle = False  # prefix-cache hits keep their last block
 

@@ -261,8 +261,14 @@ class SpeculativeDecoding:
         self.mean_acceptance_length = float(spec.profile.mean_acceptance_length(K))
         self.fixed_rates = np.cumprod(spec.profile.conditional_rates(K))[None, :]
         self.draft_budget_limit = bool(spec.draft_budget_limit)
-        # the verify width varies from round to round (empty n-gram drafts, llama.cpp's draft budget)
-        self.variable_width = bool(spec.drafts_may_be_empty) or self.draft_budget_limit
+        # per request, the most generated tokens + drafts a round may reach, or None when no round is capped;
+        # the most KV slots a request is allocated (vLLM's max_model_len), or None when none reaches it; and,
+        # under async scheduling, vLLM's max_model_len when a request comes near it (capped step by step)
+        self.draft_limit, self.kv_token_cap, self.context_cap = self._context_limits(engine, spec)
+        # the verify width varies from round to round (empty n-gram drafts, a draft limit); also taken when the
+        # KV cap binds (the fixed-width join does not apply it)
+        self.variable_width = (bool(spec.drafts_may_be_empty) or self.draft_limit is not None
+                               or self.kv_token_cap is not None)
         # run mode: per step from step ``step_base`` on (element ``i`` is step ``step_base + i``), sums over
         # the aggregated decoders' timelines (see join): computed tokens before the round, new KV blocks and,
         # when the width varies, scheduled tokens q, q x computed and q (q + 1) / 2; the steps already taken
@@ -295,6 +301,44 @@ class SpeculativeDecoding:
         self.emitted_blocks: dict[int, EmittedBlock] = {}
         if num_requests:
             self.check_peak_fits()
+
+    def _context_limits(self, engine, spec: SpecSetup) -> tuple[array | None, int | None, int | None]:
+        """The draft limit, the KV cap and the async context cap (see ``__init__``), each None when it never
+        binds.
+
+        The draft limit, per request, is the most ``generated + drafts`` a verification round may reach
+        (tokens). Two rules cap a round's drafts ``d`` at ``g`` generated tokens: llama.cpp's draft budget
+        (``d <= O - g - 1``: limit ``O - 1``) and vLLM's context bound (``scheduler.py``: a running request's
+        new tokens are at most ``max_model_len - num_computed - 1``; a verify of ``1 + d`` tokens from ``P +
+        g - 1`` computed gives ``d <= max_model_len - P - g - 1``: limit ``max_model_len - P - 1``). The KV
+        cap is ``max_model_len`` (``kv_cache_manager.allocate_slots`` allocates slots for at most
+        ``max_model_len`` tokens, lookahead slots included). Both bind only for a request within ``K + L``
+        tokens of ``max_model_len`` (``L`` lookahead slots). Under async scheduling vLLM's
+        ``num_computed_tokens`` also counts the previous step's drafts still in flight, so the bound depends
+        on the previous round's rejections and can leave no token at all (vLLM then skips the request for a
+        step): the engine applies it step by step instead (``Engine.context_cap``: no draft limit, exact
+        steps), for a request within twice the drafts plus ``L`` of ``max_model_len``.
+        """
+        prompt = np.asarray(engine.prompt_tokens, dtype=np.int64)
+        output = np.asarray(engine.output_tokens, dtype=np.int64)
+        limit = output - 1 if spec.draft_budget_limit else None
+        max_len = engine.max_model_len
+        if max_len is None or not len(prompt):
+            return (None if limit is None else array("q", limit.tobytes())), None, None
+        # a request's last round (g = O - 1) may verify at most max_model_len - P - O drafts, and its KV need
+        # there (P + O - 1 + drafts + L) may reach max_model_len; under async scheduling also counting the
+        # previous round's rejected drafts (up to the verify width again)
+        widest = self.verify_widths[self.num_speculative_tokens]
+        slack = max_len - prompt - output
+        near = slack < widest * (2 if engine.async_scheduling else 1) + self.lookahead_slots
+        if not near.any():
+            return (None if limit is None else array("q", limit.tobytes())), None, None
+        if engine.async_scheduling:  # (llama.cpp's draft budget never runs async: no draft limit here)
+            return None, max_len, max_len
+        context = max_len - prompt - 1
+        if (context - (output - 1) < widest).any():
+            limit = context if limit is None else np.minimum(limit, context)
+        return (None if limit is None else array("q", limit.tobytes())), max_len, None
 
     def check_peak_fits(self) -> None:
         """Refuse a request whose largest one-step KV need exceeds the whole cache (it would stall the run).
@@ -382,14 +426,14 @@ class SpeculativeDecoding:
 
     def drafts_for(self, r: int, k: int, draw: int) -> int:
         """Draft tokens ``r`` verifies in its next step with ``k`` drafts proposed (``draw``: its acceptance
-        draw): the verify width, none for an empty n-gram draft, and under llama.cpp's draft budget at most
-        the remaining output tokens minus one."""
+        draw): the verify width, none for an empty n-gram draft, and at most its draft limit less its
+        generated tokens (llama.cpp's draft budget, vLLM's ``max_model_len``: :meth:`_context_limits`)."""
         drafts = 0 if (k == 0 or draw < 0) else self.verify_widths[k]
-        if self.draft_budget_limit:
-            engine = self.engine_ref()
-            cap = engine.output_tokens[r] - engine.num_generated[r] - 1
+        limit = self.draft_limit
+        if limit is not None:
+            cap = limit[r] - self.engine_ref().num_generated[r]
             if drafts > cap:
-                drafts = cap  # llama.cpp: a draft never exceeds the remaining budget minus one
+                drafts = cap  # llama.cpp's draft budget, or vLLM's max_model_len (_context_limits)
         return drafts
 
     def verify_width(self, k: int) -> int:
@@ -626,8 +670,10 @@ class SpeculativeDecoding:
                 accepted = np.minimum(draws, k)
             emitted = accepted + 1
             cum = np.cumsum(emitted)
-            if self.draft_budget_limit:
-                drafts, accepted, emitted, cum = self._limit_drafts(drafts, accepted, emitted, cum, draws, k, remaining)
+            if self.draft_limit is not None:
+                headroom = self.draft_limit[r] - generated0
+                drafts, accepted, emitted, cum = self._limit_drafts(drafts, accepted, emitted, cum, draws, k, remaining,
+                                                                    headroom)
             num_rounds = int(np.searchsorted(cum, remaining)) + 1
             accepted = accepted[:num_rounds]
             ncb = (computed0 - emitted[:num_rounds]) + cum[:num_rounds]
@@ -640,6 +686,8 @@ class SpeculativeDecoding:
             if accepted is not None and num_rounds > 1:
                 rejected[1:] = (q[:num_rounds - 1] if variable else q) - 1 - accepted[:num_rounds - 1]
             need = (ncb + rejected + (q + lookahead + bs - 1)) // bs
+        elif self.kv_token_cap is not None:  # vLLM allocates slots for at most max_model_len tokens
+            need = (np.minimum(ncb + (q + lookahead), self.kv_token_cap) + (bs - 1)) // bs
         else:
             need = (ncb + (q + lookahead + bs - 1)) // bs
         if variable or engine.async_scheduling:
@@ -708,18 +756,19 @@ class SpeculativeDecoding:
             self.accepted_per_pos[i - 1] += at_least
 
     @staticmethod
-    def _limit_drafts(drafts, accepted, emitted, cum, draws, k, remaining):
-        """llama.cpp's draft budget: a round drafts at most ``remaining output - 1`` tokens. Only the last
-        few rounds of a request can hit the cap; from the first one that does, redo them in order."""
+    def _limit_drafts(drafts, accepted, emitted, cum, draws, k, remaining, headroom):
+        """The draft limit (:meth:`SpeculativeDecoding._context_limits`): a round drafts at most ``headroom``
+        (the limit less the generated tokens at join) less the tokens emitted before it. Only the last few
+        rounds of a request can hit the cap; from the first one that does, redo them in order."""
         before = cum - emitted
-        capped = np.flatnonzero(remaining - before - 1 < drafts)
+        capped = np.flatnonzero(headroom - before < drafts)
         if not len(capped):
             return drafts, accepted, emitted, cum
         drafts, accepted, emitted = drafts.copy(), accepted.copy(), emitted.copy()
         i = int(capped[0])
         done = int(before[i])
         while i < len(drafts):
-            d_i = min(int(drafts[i]), max(remaining - done - 1, 0))
+            d_i = min(int(drafts[i]), max(headroom - done, 0))
             a_i = min(d_i, k, max(int(draws[i]), 0))
             drafts[i], accepted[i], emitted[i] = d_i, a_i, a_i + 1
             done += a_i + 1
