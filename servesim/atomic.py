@@ -108,7 +108,8 @@ def check_output_file(path: str | Path, option: str = "--out") -> Path:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ConfigError: ``path`` is empty or a folder, or sits under a file or an unwritable folder (one line
+        ConfigError: ``path`` is empty, a folder or another file that is not a regular one (a device such as
+            ``/dev/full``, a pipe), or sits under a file or an unwritable folder (one line
             naming ``option`` and the path).
     """
     from servesim.errors import ConfigError
@@ -118,6 +119,9 @@ def check_output_file(path: str | Path, option: str = "--out") -> Path:
     out = Path(path)
     if out.is_dir():
         raise ConfigError(f"{option}: {out} is a folder (expected a file path)")
+    if out.exists() and not out.is_file():  # the atomic rename would put a regular file in its place
+        raise ConfigError(f"{option}: {out} is not a regular file (a device, pipe or socket, which the output "
+                          "would replace); give a file path, or no --out to print it")
     ancestor = out.parent
     while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
         ancestor = ancestor.parent
