@@ -281,6 +281,10 @@ def test_plot_command_writes_figures_with_their_data(tmp_path, capsys):
     assert cross[32] == pytest.approx(10 + 0.1 / 0.4 * 10) and np.isnan(cross[256])
     out = capsys.readouterr().out
     assert "speculation hurts above rate = 12.5" in out and "never hurts" in out
+    # each line names the figure's data file: the speedup curve's is speedup_curve.csv (the line said
+    # "(+ .svg, .csv)", i.e. speedup.csv, which is the sweep's own table, not the figure's data)
+    assert f"wrote {sweep / 'speedup.png'} (+ .svg, speedup_curve.csv)\n" in out
+    assert f"wrote {sweep / 'latency_vs_throughput.png'} (+ .svg, .csv)\n" in out
 
 
 def test_plot_command_errors_are_one_line(tmp_path, capsys):

@@ -233,8 +233,8 @@ def run(args: argparse.Namespace) -> int:
         # neither this plot's first ones nor an earlier plot's, which would mix with them
         remove_stale(out, plot_figures(out))
         raise
-    for p in written:
-        print(f"wrote {p} (+ .svg, .csv)")
+    for p in written:  # the speedup curve's data is speedup_curve.csv: speedup.csv is the sweep's table
+        print(f"wrote {p} (+ .svg, {'speedup_curve.csv' if p.name == 'speedup.png' else '.csv'})")
     return 0
 
 
