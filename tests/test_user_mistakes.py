@@ -810,6 +810,10 @@ def test_simulate_of_none_says_a_config_is_needed():
 @pytest.mark.parametrize("config, kwargs, message", [
     (42, {}, "config: expected a run config (a YAML path, a mapping or a SimConfig), got int"),
     (SMALL, {"base_dir": 5}, "base_dir: expected a folder path (got int)"),  # was a TypeError
+    # YAML text was read as a path: "hardware: h100-sxm\nmodel: llama-3.1-8b: file not found", over two lines
+    ("hardware: h100-sxm\nmodel: llama-3.1-8b\n", {},
+     "config: a string is a YAML file's path, not YAML text (got 'hardware: h100-sxm' ...); pass a mapping, "
+     "e.g. yaml.safe_load(text)"),
 ])
 def test_simulate_of_a_wrong_type_names_the_argument(config, kwargs, message):
     from servesim import simulate
