@@ -118,6 +118,18 @@ def test_an_out_file_that_is_a_pipe_or_device_is_refused_not_replaced(tmp_path, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl", "pipe", "steps.csv"]
 
 
+@pytest.mark.parametrize("command, option", list(zip(FILE_OUT_COMMANDS, ["--data", "--input"])))
+def test_an_out_file_that_is_an_input_is_refused_and_the_input_kept(tmp_path, capsys, command, option):
+    # --out naming the --data (--input) file replaced the measurements with the card (profile), silently
+    command = _file_out_command(tmp_path, command)
+    data = Path(command[command.index(option) + 1])
+    before = data.read_text()
+    assert main([*command, "--out", str(data)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {data} is the {option} file (an input of this "
+                                       "command); give another file path\n")
+    assert data.read_text() == before
+
+
 @pytest.mark.parametrize("command", [["capacity", "CFG"], ["tune-k", "CFG"]])
 def test_one_slo_statistic_given_twice_is_refused(tmp_path, capsys, command):
     # was accepted: both targets were checked, so the stricter one silently won
