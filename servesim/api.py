@@ -64,6 +64,9 @@ def _as_config(config: Any, base_dir: str | Path | None) -> tuple[SimConfig, Pat
     if isinstance(config, SimConfig):
         return config, Path(base_dir or ".").resolve()
     if isinstance(config, (str, Path)):
+        if isinstance(config, str) and "\n" in config and not os.path.lexists(config):
+            raise ConfigError(f"config: a string is a YAML file's path, not YAML text (got "
+                              f"{config.splitlines()[0][:40]!r} ...); pass a mapping, e.g. yaml.safe_load(text)")
         cfg, folder = load_config(config)
         return cfg, Path(base_dir).resolve() if base_dir else folder
     from servesim.config.models import inline_workload_file

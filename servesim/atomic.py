@@ -99,16 +99,21 @@ def prepare_output_dir(path: str | Path, option: str = "--out") -> Path:
     return out
 
 
-def check_output_file(path: str | Path, option: str = "--out") -> Path:
+def check_output_file(path: str | Path, option: str = "--out", inputs: tuple = ()) -> Path:
     """Check, before any work and without creating anything, that the file ``path`` can be written: it is
     not a folder, and its nearest existing ancestor folder is a writable folder (the folders below it are
     created when the file is written).
+
+    Args:
+        inputs: ``(option, path)`` of the files the command reads (``("--data", "steps.csv")``): ``path`` may
+            not be one of them (the write would replace the input).
 
     Returns:
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ConfigError: ``path`` is empty or a folder, or sits under a file or an unwritable folder (one line
+        ConfigError: ``path`` is one of the ``inputs``, is empty, a folder or another file that is not a regular one (a device such as
+            ``/dev/full``, a pipe), or sits under a file or an unwritable folder (one line
             naming ``option`` and the path).
     """
     from servesim.errors import ConfigError
@@ -118,6 +123,13 @@ def check_output_file(path: str | Path, option: str = "--out") -> Path:
     out = Path(path)
     if out.is_dir():
         raise ConfigError(f"{option}: {out} is a folder (expected a file path)")
+    for name, given in inputs:
+        if given is not None and out.exists() and Path(given).exists() and os.path.samefile(out, given):
+            raise ConfigError(f"{option}: {out} is the {name} file (an input of this command); give another "
+                              "file path")
+    if out.exists() and not out.is_file():  # the atomic rename would put a regular file in its place
+        raise ConfigError(f"{option}: {out} is not a regular file (a device, pipe or socket, which the output "
+                          "would replace); give a file path, or no --out to print it")
     ancestor = out.parent
     while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
         ancestor = ancestor.parent

@@ -120,6 +120,24 @@ def test_a_mistake_in_the_server_file_names_that_file(tmp_path, capsys):
     assert err == f"servesim: error: {server}: engine.max_num_seq: unknown key (did you mean max_num_seqs?)\n"
 
 
+def test_a_measured_tpot_that_the_replay_cannot_define_is_refused_before_the_run(tmp_path, capsys):
+    # 14 output tokens over 10 requests replay as 10 one-token outputs (mean 1.4, rounded), which define no
+    # TPOT: after "running r" the command said "<cwd>/--vllm-bench: vllm_bench[0]: summary metric
+    # 'tpot_s.mean' holds no number (got None)", naming a file that does not exist
+    args = _write(tmp_path, _result(completed=10, total_input_tokens=100, total_output_tokens=14))
+    assert main(args) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err == (f"servesim: error: {tmp_path / 'r.json'}: mean_tpot_ms: measured, but every replayed "
+                            "request has one output token (10 requests of the mean lengths 10 / 1 tokens (no "
+                            "input_lens in the result)), so the simulation defines no TPOT to compare; save the "
+                            "result with --save-detailed (input_lens, output_lens)\n")
+    assert not (tmp_path / "out").exists()
+    # the same lengths listed one per request replay as they are
+    assert main(_write(tmp_path, _result(completed=2, total_input_tokens=20, total_output_tokens=3,
+                                         max_concurrency=None, input_lens=[10, 10], output_lens=[1, 2]))) == 0
+
+
 def test_two_results_of_one_name_are_told_apart_and_one_file_twice_is_refused(tmp_path, capsys):
     # both were named "r": six rows r-ttft_s, ..., r-ttft_s, ... with no way to tell which file each compared
     args = _write(tmp_path, _result())

@@ -281,6 +281,10 @@ def test_plot_command_writes_figures_with_their_data(tmp_path, capsys):
     assert cross[32] == pytest.approx(10 + 0.1 / 0.4 * 10) and np.isnan(cross[256])
     out = capsys.readouterr().out
     assert "speculation hurts above rate = 12.5" in out and "never hurts" in out
+    # each line names the figure's data file: the speedup curve's is speedup_curve.csv (the line said
+    # "(+ .svg, .csv)", i.e. speedup.csv, which is the sweep's own table, not the figure's data)
+    assert f"wrote {sweep / 'speedup.png'} (+ .svg, speedup_curve.csv)\n" in out
+    assert f"wrote {sweep / 'latency_vs_throughput.png'} (+ .svg, .csv)\n" in out
 
 
 def test_plot_command_errors_are_one_line(tmp_path, capsys):
@@ -332,3 +336,24 @@ def test_plot_out_refuses_a_folder_of_other_results(tmp_path, capsys):
     assert sorted(p.name for p in run_dir.iterdir()) == ["summary.json"]
     assert main(["plot", str(sweep), "--out", str(sweep)]) == 0  # the sweep's own folder, named
     assert main(["plot", str(sweep), "--out", str(tmp_path / "figures")]) == 0
+
+
+def test_a_plot_removes_the_heatmaps_an_earlier_plot_of_its_folder_drew(tmp_path, capsys):
+    """Plotting sweep B into the --out folder of sweep A's plot left A's heatmap beside B's figures, looking
+    like one of them (an earlier plot's speedup and acceptance figures were removed, its heatmaps were not)."""
+    from servesim.cli import main
+
+    first, second, figures = tmp_path / "a", tmp_path / "b", tmp_path / "figures"
+    write_sweep_dir(first)
+    write_sweep_dir(second, speedup=False)
+    heatmap = ["--heatmap", "x=rate,y=max_num_seqs,metric=ttft_s.p99"]
+    assert main(["plot", str(first), "--out", str(figures), *heatmap,
+                 "--heatmap", "x=rate,y=max_num_seqs,metric=tpot_s.p50"]) == 0
+    assert {"heatmap_ttft_s.p99.png", "heatmap_tpot_s.p50.csv"} <= {p.name for p in figures.iterdir()}
+    assert main(["plot", str(second), "--out", str(figures), *heatmap]) == 0
+    assert sorted(p.name for p in figures.iterdir()) == [
+        "heatmap_ttft_s.p99.csv", "heatmap_ttft_s.p99.png", "heatmap_ttft_s.p99.svg",
+        "latency_vs_throughput.csv", "latency_vs_throughput.png", "latency_vs_throughput.svg"]
+    assert main(["plot", str(second), "--out", str(figures)]) == 0
+    assert sorted(p.name for p in figures.iterdir()) == [
+        "latency_vs_throughput.csv", "latency_vs_throughput.png", "latency_vs_throughput.svg"]

@@ -131,6 +131,18 @@ def test_prometheus_positions_must_sum_to_the_accepted_total():
             "from one server and run)")
 
 
+def test_a_negative_prometheus_counter_is_refused_on_its_line():
+    # was "m.prom: vllm:spec_decode_num_drafts: smaller than in baseline (server restarted?)" with no
+    # baseline given
+    scrape = "\n".join([
+        "vllm:spec_decode_num_drafts -100", "vllm:spec_decode_num_draft_tokens 200",
+        "vllm:spec_decode_num_accepted_tokens 50", 'vllm:spec_decode_num_accepted_tokens_per_pos{position="0"} 50',
+    ])
+    with pytest.raises(TraceError) as excinfo:
+        parse_prometheus_text(scrape, "m.prom")
+    assert str(excinfo.value) == "m.prom: line 1: vllm:spec_decode_num_drafts: expected a count >= 0 (got -100)"
+
+
 def test_fit_constant_alpha_closed_forms():
     assert fit_constant_alpha(1.7, 1) == pytest.approx(0.7, abs=1e-12)  # AL = 1 + alpha
     assert fit_constant_alpha(1.75, 2) == pytest.approx(0.5, abs=1e-12)  # 1 + 0.5 + 0.25

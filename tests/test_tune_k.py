@@ -262,6 +262,21 @@ def test_cli_errors(tmp_path, capsys):
     assert "max_num_seqs" in capsys.readouterr().err
 
 
+def test_batch_sizes_above_the_default_max_num_seqs_are_refused(tmp_path, capsys):
+    # without engine.max_num_seqs, --batch-sizes 2048 ran 2048 clients on a server that runs at most 1024
+    # requests (vLLM's default on the card) and reported the best k "at batch 2048"
+    from servesim.cli import main
+
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(lesson_config()))
+    assert main(["tune-k", str(path), "--batch-sizes", "1,2048", "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        "servesim: error: --batch-sizes: 2048 exceeds max_num_seqs = 1024, vLLM's default on this GPU "
+        "(engine.max_num_seqs is not set): the server never runs more requests at once; set "
+        "engine.max_num_seqs to tune beyond it\n")
+    assert not (tmp_path / "o").exists()
+
+
 def _slo_grid(ratios: dict[int, list[float]]) -> pd.DataFrame:
     """A tune-k grid where no point meets its SLO: batch size -> the SLO ratio of k = 0, 1, 2."""
     rows = [{"batch_size": b, "variant": f"k={k}", "objective": 0.0, "slo_met": False, "slo_ratio": r}

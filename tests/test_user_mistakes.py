@@ -775,6 +775,19 @@ def test_a_synthetic_workload_without_arrivals_is_refused(tmp_path, capsys):
     assert not (tmp_path / "o" / "summary.json").exists()
 
 
+@pytest.mark.parametrize("cv", [1.0, 2.0])
+def test_a_multi_turn_workload_without_sessions_is_refused(tmp_path, capsys, cv):
+    """A duration_s shorter than the first session's gap ran nothing and wrote empty results (exit 0), as a
+    Poisson workload's had (the test above)."""
+    workload = {"type": "multi_turn", "rate": 1.0, "cv": cv, "duration_s": 0.001, "think_time_s": 5.0,
+                "turns": {"type": "fixed", "value": 3}, "message_tokens": {"type": "fixed", "value": 10},
+                "output_tokens": {"type": "fixed", "value": 5}}
+    cfg, err = refused_run(tmp_path, capsys, config={**SMALL, "workload": workload})
+    assert err == (f"servesim: error: {cfg}: workload.duration_s: no session starts in 0.001 s at 1 sessions/s "
+                   "(with this seed): lengthen duration_s or raise the rate\n")
+    assert not (tmp_path / "o" / "summary.json").exists()
+
+
 @pytest.mark.parametrize("seed", [-1, "a", 1.5, True])
 def test_simulate_refuses_a_seed_that_is_not_a_non_negative_integer(seed):
     """-1 and "a" raised numpy's and int()'s ValueError; 1.5 and True ran as 1."""
@@ -797,6 +810,10 @@ def test_simulate_of_none_says_a_config_is_needed():
 @pytest.mark.parametrize("config, kwargs, message", [
     (42, {}, "config: expected a run config (a YAML path, a mapping or a SimConfig), got int"),
     (SMALL, {"base_dir": 5}, "base_dir: expected a folder path (got int)"),  # was a TypeError
+    # YAML text was read as a path: "hardware: h100-sxm\nmodel: llama-3.1-8b: file not found", over two lines
+    ("hardware: h100-sxm\nmodel: llama-3.1-8b\n", {},
+     "config: a string is a YAML file's path, not YAML text (got 'hardware: h100-sxm' ...); pass a mapping, "
+     "e.g. yaml.safe_load(text)"),
 ])
 def test_simulate_of_a_wrong_type_names_the_argument(config, kwargs, message):
     from servesim import simulate

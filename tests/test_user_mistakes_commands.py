@@ -69,17 +69,25 @@ def test_calibrate_refuses_step_times_below_a_microsecond(tmp_path, capsys, step
                                        f"least 1e-06 s (got '{step_time}'; is it in another unit?)\n")
 
 
-@pytest.mark.parametrize("command", [
+FILE_OUT_COMMANDS = [
     ["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--data", "STEPS"],
     ["acceptance", "ngram", "--input", "PAIRS", "--k", "3"],
-])
+]
+
+
+def _file_out_command(tmp_path, command):
+    """``command`` of FILE_OUT_COMMANDS with its input written in ``tmp_path`` (steps.csv, pairs.jsonl)."""
+    (tmp_path / "steps.csv").write_text(STEP_CSV.format("0.008"))
+    (tmp_path / "pairs.jsonl").write_text('{"prompt": "a b c a b", "answer": "a b c"}\n')
+    return [str(tmp_path / "steps.csv") if a == "STEPS" else str(tmp_path / "pairs.jsonl") if a == "PAIRS" else a
+            for a in command]
+
+
+@pytest.mark.parametrize("command", FILE_OUT_COMMANDS)
 def test_an_out_file_under_a_file_or_at_a_folder_is_refused_before_the_work(tmp_path, capsys, command):
     # were "afile/x.yaml: cannot write file (File exists)" and "DIR: cannot write file (Is a directory)",
     # after the whole fit
-    (tmp_path / "steps.csv").write_text(STEP_CSV.format("0.008"))
-    (tmp_path / "pairs.jsonl").write_text('{"prompt": "a b c a b", "answer": "a b c"}\n')
-    command = [str(tmp_path / "steps.csv") if a == "STEPS" else str(tmp_path / "pairs.jsonl") if a == "PAIRS" else a
-               for a in command]
+    command = _file_out_command(tmp_path, command)
     (tmp_path / "afile").write_text("x")
     target = tmp_path / "afile" / "sub" / "card.yaml"
     assert main([*command, "--out", str(target)]) == 2
@@ -90,6 +98,36 @@ def test_an_out_file_under_a_file_or_at_a_folder_is_refused_before_the_work(tmp_
     # a missing folder is created when the file is written
     assert main([*command, "--out", str(tmp_path / "new" / "card.yaml")]) == 0
     assert (tmp_path / "new" / "card.yaml").is_file()
+
+
+@pytest.mark.parametrize("command", FILE_OUT_COMMANDS)
+def test_an_out_file_that_is_a_pipe_or_device_is_refused_not_replaced(tmp_path, capsys, command):
+    # --out /dev/full wrote a temporary file beside it and renamed it over the device: as root /dev/full (or
+    # /dev/null) became a regular file holding the card, and the command said "wrote /dev/full"
+    import os
+    import stat
+
+    command = _file_out_command(tmp_path, command)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    assert main([*command, "--out", str(fifo)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {fifo} is not a regular file (a device, pipe or "
+                                       "socket, which the output would replace); give a file path, or no --out to "
+                                       "print it\n")
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pairs.jsonl", "pipe", "steps.csv"]
+
+
+@pytest.mark.parametrize("command, option", list(zip(FILE_OUT_COMMANDS, ["--data", "--input"])))
+def test_an_out_file_that_is_an_input_is_refused_and_the_input_kept(tmp_path, capsys, command, option):
+    # --out naming the --data (--input) file replaced the measurements with the card (profile), silently
+    command = _file_out_command(tmp_path, command)
+    data = Path(command[command.index(option) + 1])
+    before = data.read_text()
+    assert main([*command, "--out", str(data)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {data} is the {option} file (an input of this "
+                                       "command); give another file path\n")
+    assert data.read_text() == before
 
 
 @pytest.mark.parametrize("command", [["capacity", "CFG"], ["tune-k", "CFG"]])

@@ -316,3 +316,19 @@ def test_a_stored_run_edited_into_another_shape_is_unreadable_and_run_again(tmp_
     captured = capsys.readouterr()
     assert f"1 stored run(s) unreadable (points/{first.name})" in captured.out and "Traceback" not in captured.err
     assert {name: (out / name).read_bytes() for name in tables} == tables  # the run again, the same tables
+
+
+@pytest.mark.parametrize("workload", [{"type": "trace", "path": "requests.csv"}, "wl.yaml"])
+def test_a_run_whose_trace_is_one_of_its_outputs_is_refused_and_the_trace_kept(tmp_path, capsys, workload):
+    # `servesim run c.yaml --out .` in the folder of a trace named requests.csv removed the trace as an
+    # earlier run's output before reading it, then said "requests.csv: trace file not found"
+    trace = tmp_path / "requests.csv"
+    text = "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,100,10\n"
+    trace.write_text(text)
+    (tmp_path / "wl.yaml").write_text("type: trace\npath: requests.csv\n")
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload})
+    assert main(["run", str(cfg), "--out", str(tmp_path), "--no-plot"]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {trace} is an input of this run, and the run "
+                                       "writes its requests.csv there: give another --out folder\n")
+    assert trace.read_text() == text
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 0

@@ -335,6 +335,8 @@ def _prom_samples(text: str, source: str) -> dict[str, dict[str, float]]:
             value = float(m.group(3))
         except ValueError:
             raise TraceError(f"{source}: line {no}: {m.group(1)}: expected a number (got {m.group(3)!r})") from None
+        if value < 0:  # a counter only grows from 0 (a baseline's larger value is checked on the difference)
+            raise TraceError(f"{source}: line {no}: {m.group(1)}: expected a count >= 0 (got {value:g})")
         labels = dict(_PROM_LABEL.findall(m.group(2) or ""))
         key = ""
         if name == _PER_POS:

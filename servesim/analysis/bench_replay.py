@@ -140,8 +140,9 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
     Raises:
         ConfigError: the result lacks the lengths (``input_lens``/``output_lens`` or the totals), lists input
             and output lengths of different counts, lists fewer requests than ``completed``, has
-            ``max_concurrency`` or ``request_rate`` 0 or a burstiness below 1e-6, or more requests or a longer
-            span of arrivals than servesim simulates.
+            ``max_concurrency`` or ``request_rate`` 0 or a burstiness below 1e-6, more requests or a longer
+            span of arrivals than servesim simulates, or a measured ``mean_tpot_ms`` where every replayed
+            request has one output token (no TPOT to compare).
     """
     n = result_count(result, "completed", where) or 0
     if n > MAX_REQUESTS:  # numpy would try to hold them all first (a kill for lack of memory, not a message)
@@ -191,6 +192,12 @@ def replay_workload(result: dict, where: str, folder: Path) -> tuple[dict, str]:
                                   f"(expected at most {MAX_TOKEN_COUNT})")
         pairs = [(max(means[0], 1), max(means[1], 1))] * n
         how = f"{n} requests of the mean lengths {pairs[0][0]} / {pairs[0][1]} tokens (no input_lens in the result)"
+    tpot = result.get("mean_tpot_ms")
+    if (all(o == 1 for _, o in pairs) and isinstance(tpot, (int, float)) and not isinstance(tpot, bool)
+            and tpot > 0):  # a one-token output has no TPOT: the summary's would be None
+        raise ConfigError(f"{where}: mean_tpot_ms: measured, but every replayed request has one output token "
+                          f"({how}), so the simulation defines no TPOT to compare; save the result with "
+                          "--save-detailed (input_lens, output_lens)")
     trace = folder / "bench-requests.csv"
     rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
     rows += [f"2024-01-01 00:00:00.0000000,{i},{o}" for i, o in pairs]

@@ -492,6 +492,14 @@ def tune_k(cfg: SimConfig, folder: str | Path, *, k_max: int | None = None, batc
     if sizes[-1] * requests_per_client > MAX_REQUESTS:
         raise ConfigError(f"--batch-sizes x --requests-per-client: {sizes[-1]} x {requests_per_client} requests is "
                           f"more than the {MAX_REQUESTS} servesim simulates")
+    if mns is None and batch_sizes:  # the server's own limit: vLLM's default on the GPU
+        from servesim.wiring import engine_limits, resolve_cards
+
+        limit = engine_limits(cfg, resolve_cards(cfg, Path(folder))[0])[0]
+        if sizes[-1] > limit:
+            raise ConfigError(f"--batch-sizes: {sizes[-1]} exceeds max_num_seqs = {limit}, vLLM's default on this "
+                              "GPU (engine.max_num_seqs is not set): the server never runs more requests at once; "
+                              "set engine.max_num_seqs to tune beyond it")
     table_end = int(mns) if mns is not None else max(DEFAULT_TABLE_END, sizes[-1])
     slos = list(slos)
     root = np.random.SeedSequence(cfg.seed)

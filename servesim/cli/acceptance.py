@@ -181,7 +181,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         from servesim.atomic import check_output_file
 
-        check_output_file(args.out)  # before reading the input: an unwritable --out fails at once
+        # before reading the input: an unwritable --out fails at once, an input is not replaced
+        check_output_file(args.out, inputs=(("--input", args.input), ("--baseline", getattr(args, "baseline", None))))
     if args.acceptance_command in ("from-vllm-log", "from-prometheus", "from-llamacpp"):
         return _run_from_logs(args)
     if args.acceptance_command != "ngram":  # pragma: no cover - argparse restricts the choices

@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         from servesim.atomic import check_output_file
 
-        check_output_file(args.out)  # before the fit: an unwritable --out fails at once
+        # before the fit: an unwritable --out fails at once, a --data file is not replaced
+        check_output_file(args.out, inputs=tuple(("--data", data) for data in args.data))
     hardware = load_hardware(args.hardware, source="--hardware")
     model = load_model(args.model, source="--model")
     from servesim.wiring import check_tensor_parallel

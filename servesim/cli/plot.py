@@ -11,6 +11,9 @@ Writes into DIR (or ``--out``), each figure as PNG and SVG with its data as CSV:
 * ``heatmap_<metric>`` for each ``--heatmap x=KEY,y=KEY,metric=COL``.
 * ``acceptance``: per-position acceptance bars (vLLM's unconditional rates) of each variant, when the
   sweep ran speculative decoding.
+
+The figures an earlier plot left in the folder and this one does not draw (a speedup, acceptance or
+heatmap figure) are removed, so that every figure there is this plot's.
 """
 
 from __future__ import annotations
@@ -225,16 +228,19 @@ def run(args: argparse.Namespace) -> int:
                 panel_cols.append("variant")
             path, _ = plot_heatmap(summary, h["x"], h["y"], h["metric"], panel_cols, Path(out), labels)
             written.append(path)
-        # figures an earlier plot of this folder drew and this one does not (the sweep changed): remove them
+        # figures an earlier plot of this folder drew and this one does not (the sweep changed, another sweep
+        # drew them, other --heatmap): remove them
         remove_stale(out, [name for stem in ("speedup", "acceptance") if out / f"{stem}.png" not in written
-                           for name in PLOT_FIGURE_FILES[stem]])
+                           for name in PLOT_FIGURE_FILES[stem]]
+                     + [name for name in plot_figures(out) if name.startswith("heatmap_")
+                        and out / f"{Path(name).stem}.png" not in written])
     except BaseException:
         # a failure or Ctrl-C while drawing (a full disk, a closed stdout): no figure of this folder is left,
         # neither this plot's first ones nor an earlier plot's, which would mix with them
         remove_stale(out, plot_figures(out))
         raise
-    for p in written:
-        print(f"wrote {p} (+ .svg, .csv)")
+    for p in written:  # the speedup curve's data is speedup_curve.csv: speedup.csv is the sweep's table
+        print(f"wrote {p} (+ .svg, {'speedup_curve.csv' if p.name == 'speedup.png' else '.csv'})")
     return 0
 
 

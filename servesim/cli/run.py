@@ -11,6 +11,7 @@ import argparse
 import gc
 import json
 import sys
+from pathlib import Path
 from typing import Any
 
 from servesim.cli import COMMAND_OUTPUTS
@@ -142,6 +143,36 @@ def _check_window(summary: dict, cfg) -> None:
                        "some inside: after_completed below the requests, after_s before the last finish)")
 
 
+def _refuse_inputs_among_outputs(cfg, folder: Path, out: Any) -> None:
+    """Refuse an existing ``--out`` where a file the config names (a trace, a workload or card file, a
+    profile) is one of the run's outputs: removing the earlier run's outputs would delete it.
+
+    Raises:
+        OutputFolderRefused: one line naming the file (nothing in the folder is removed).
+    """
+    from servesim.errors import OutputFolderRefused
+
+    if out is None or not str(out).strip() or not Path(out).is_dir():
+        return
+    outputs = {(Path(out) / name).resolve(): name for name in RUN_OUTPUTS}
+    pending = [cfg.model_dump(mode="json")]
+    while pending:  # every string in the config, depth first
+        value = pending.pop()
+        if isinstance(value, dict):
+            pending.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            pending.extend(value)
+        elif isinstance(value, str) and value and "\0" not in value and "\n" not in value:
+            path = Path(value).expanduser()
+            try:
+                path = (path if path.is_absolute() else folder / path).resolve()
+            except (OSError, RuntimeError, ValueError):
+                continue
+            if path in outputs and path.is_file():
+                raise OutputFolderRefused(f"--out: {path} is an input of this run, and the run writes its "
+                                          f"{outputs[path]} there: give another --out folder")
+
+
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object's members as a dict; a key given twice is refused (as in a YAML config).
 
@@ -172,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, args.speculative_config,
                                                           getattr(args, "llama_cpp_spec", None)),
                               set_keys=set_keys(args.overrides))
+    _refuse_inputs_among_outputs(cfg, folder, args.out)  # before an earlier run's outputs are removed
     out_dir = prepare_output_dir(args.out)  # before the simulation: an unwritable --out fails at once
     # a failure or Ctrl-C while simulating or writing leaves none of the outputs (no partial set), also in a
     # folder this run created

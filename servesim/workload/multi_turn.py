@@ -76,6 +76,7 @@ def build_multi_turn(cfg: MultiTurnWorkloadConfig, rng: np.random.Generator, bas
 
     Raises:
         TraceError: an empirical length distribution's trace is missing or malformed.
+        SettingError: no session starts within ``duration_s``.
     """
     start_rng, turns_rng, message_rng, output_rng, think_rng, system_rng = rng.spawn(6)
     check_synthetic_size(cfg.num_sessions, cfg.rate, cfg.duration_s, "num_sessions")
@@ -84,6 +85,11 @@ def build_multi_turn(cfg: MultiTurnWorkloadConfig, rng: np.random.Generator, bas
     else:
         starts = gamma_arrivals(cfg.rate, cfg.cv, start_rng, cfg.num_sessions, cfg.duration_s)
     num_sessions = len(starts)
+    if not num_sessions:  # only a duration_s can leave no session: nothing would be simulated
+        from servesim.errors import SettingError
+
+        raise SettingError(f"workload.duration_s: no session starts in {cfg.duration_s:g} s at {cfg.rate:g} "
+                           "sessions/s (with this seed): lengthen duration_s or raise the rate")
     turns_dist = cfg.turns.build(base_dir)
     message_dist = cfg.message_tokens.build(base_dir)
     output_dist = cfg.output_tokens.build(base_dir)
