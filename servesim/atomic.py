@@ -112,9 +112,9 @@ def check_output_file(path: str | Path, option: str = "--out", inputs: tuple = (
         ``path`` as a :class:`~pathlib.Path`.
 
     Raises:
-        ConfigError: ``path`` is one of the ``inputs``, is empty, a folder or another file that is not a regular one (a device such as
-            ``/dev/full``, a pipe), or sits under a file or an unwritable folder (one line
-            naming ``option`` and the path).
+        ConfigError: ``path`` is one of the ``inputs``, is empty, a folder or another file that is not a
+            regular one (a device such as ``/dev/full``, a pipe), or sits under a file or an unwritable folder
+            (one line naming ``option`` and the path).
     """
     from servesim.errors import ConfigError
 
