@@ -118,17 +118,36 @@ def not_utf8_message(path: str | Path, exc: UnicodeDecodeError) -> str:
             "save the file as UTF-8")
 
 
-def load_json(path: str | Path) -> Any:
-    """Read a JSON file.
+def parse_json(text: str, source: str) -> Any:
+    """Parse JSON text whose objects name each key once.
 
     Raises:
-        ConfigError: missing, unreadable or invalid JSON (one line with the line and column).
+        json.JSONDecodeError: invalid JSON (the caller words it). ConfigError: a key given twice in one
+            object (one line naming ``source`` and the key).
+    """
+    import json
+
+    from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+
+    try:
+        return json.loads(text, object_pairs_hook=unique_json_keys)
+    except DuplicateJSONKey as exc:
+        raise ConfigError(f"{source}: {exc.args[0]}: key given twice in one JSON object (expected each key "
+                          "once; JSON readers keep the last value silently)") from None
+
+
+def load_json(path: str | Path) -> Any:
+    """Read a JSON file whose objects name each key once.
+
+    Raises:
+        ConfigError: missing, unreadable or invalid JSON (one line with the line and column), or a key given
+            twice in one object.
     """
     import json
 
     text = read_text(path)
     try:
-        return json.loads(text)
+        return parse_json(text, str(path))
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: line {exc.lineno}, column {exc.colno}: invalid JSON: {exc.msg}") from None
 

@@ -695,3 +695,61 @@ def test_hf_config_of_a_multimodal_model_names_text_config(tmp_path: Path) -> No
     path.write_text(json.dumps({k: v for k, v in text.items() if k != "hidden_size"}))
     with pytest.raises(ConfigError, match=r"config\.json: hidden_size: required key is missing \(Hugging Face"):
         load_model(path)
+
+
+def test_a_json_file_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
+    # json.loads keeps the last value silently (a config.json with num_hidden_layers twice read the second);
+    # duplicate keys are refused in YAML configs and --speculative-config, and now in every JSON input read
+    # through load_json (Hugging Face config.json, JSON cards) and in vllm bench results
+    from servesim.analysis.bench_replay import read_bench_result
+
+    text = json.dumps(_hf_from_card(load_model("llama-3.1-8b")))
+    path = tmp_path / "config.json"
+    path.write_text(text[:-1] + ', "num_hidden_layers": 16}')
+    with pytest.raises(ConfigError) as excinfo:
+        load_model(path)
+    assert _one_line_error(excinfo) == (f"{path}: num_hidden_layers: key given twice in one JSON object (expected "
+                                        "each key once; JSON readers keep the last value silently)")
+    path.write_text(text)
+    assert load_model(path).num_hidden_layers == 32  # the same file with the key once
+    bench = tmp_path / "result.json"
+    bench.write_text('{"completed": 10, "request_rate": 2, "completed": 12}')
+    with pytest.raises(ConfigError, match=r"result\.json: completed: key given twice in one JSON object"):
+        read_bench_result(bench)
+    bench.write_text('{"completed": 1, "completed": 2}\n{"completed": 10, "duration": 3}\n')
+    with pytest.raises(ConfigError, match=r"result\.json: completed: key given twice"):  # JSON lines: the first
+        read_bench_result(bench)
+
+
+def test_every_json_reader_refuses_a_key_given_twice(tmp_path: Path) -> None:
+    # the same rule in each reader of JSON input: vllm bench results for calibrate, prompt/answer pairs for
+    # `servesim acceptance`, llama.cpp timings, a tokenizer.json for check-draft, Mooncake rows
+    from servesim.acceptance.logs import parse_llamacpp
+    from servesim.acceptance.vocab import load_vocab
+    from servesim.analysis.calibrate import read_vllm_bench_json
+    from servesim.cli.acceptance import read_pairs
+    from servesim.errors import TraceError
+    from servesim.workload.mooncake import read_mooncake_jsonl
+
+    bench = tmp_path / "bench.json"
+    bench.write_text('{"completed": 10, "completed": 12}')
+    with pytest.raises(ConfigError, match=r"^.*bench\.json: completed: key given twice in one JSON object"):
+        read_vllm_bench_json(bench)
+    bench.write_text('{"completed": 10}\n{"max_concurrency": 1, "max_concurrency": 2}\n')  # JSON lines
+    with pytest.raises(ConfigError, match=r"bench\.json: line 2: max_concurrency: key given twice"):
+        read_vllm_bench_json(bench)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text('{"prompt": "a b", "answer": "c", "answer": "d"}\n')
+    with pytest.raises(TraceError, match=r"pairs\.jsonl: line 1: key 'answer' given twice \(expected each key once\)"):
+        read_pairs(pairs)
+    timings = tmp_path / "timings.jsonl"
+    timings.write_text('{"timings": {"draft_n": 3, "draft_n": 4, "draft_n_accepted": 2, "predicted_n": 9}}\n')
+    with pytest.raises(TraceError, match=r"timings\.jsonl: line 1: key 'draft_n' given twice"):
+        parse_llamacpp(timings, 3)
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"a": 0, "a": 1}}}')
+    with pytest.raises(ConfigError, match=r"tokenizer\.json: a: key given twice in one JSON object"):
+        load_vocab(tmp_path)
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "output_length": 3, "output_length": 4}\n')
+    with pytest.raises(TraceError, match=r"trace\.jsonl: line 1: key 'output_length' given twice"):
+        read_mooncake_jsonl(trace)

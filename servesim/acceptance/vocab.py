@@ -137,8 +137,13 @@ def _special_id(value: Any, table: dict[str, int]) -> int | None:
 
 
 def _read_json(path: Path) -> Any:
+    from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+
     try:
-        return json.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"))
+        return json.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"), object_pairs_hook=unique_json_keys)
+    except DuplicateJSONKey as exc:
+        raise ConfigError(f"{path}: {exc.args[0]}: key given twice in one JSON object (expected each key once; "
+                          "JSON readers keep the last value silently)") from None
     except UnicodeDecodeError as exc:
         from servesim.input_files import not_utf8_message
 

@@ -108,17 +108,18 @@ def read_bench_result(path: Path) -> dict:
     """The result object of a ``--save-result`` JSON file (the first one of a list or JSON lines).
 
     Raises:
-        ConfigError: missing file, invalid JSON, or not an object with ``completed`` > 0.
+        ConfigError: missing file, invalid JSON, a key given twice in one object, or not an object with
+            ``completed`` > 0.
     """
-    from servesim.input_files import read_text
+    from servesim.input_files import parse_json, read_text
 
     text = read_text(path)
     try:
-        data = json.loads(text)
+        data = parse_json(text, str(path))
     except json.JSONDecodeError:
         first = next((line for line in text.splitlines() if line.strip()), "")
         try:
-            data = json.loads(first)
+            data = parse_json(first, str(path))
         except json.JSONDecodeError as exc:
             raise ConfigError(f"{path}: invalid JSON ({exc.msg})") from None
     if isinstance(data, list) and data:

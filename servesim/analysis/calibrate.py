@@ -58,7 +58,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from servesim.cards import HardwareCard, ModelCard
-from servesim.input_files import read_text
+from servesim.input_files import parse_json, read_text
 from servesim.errors import ConfigError
 from servesim.roofline import build_step_time_model, compute_dtype
 
@@ -224,7 +224,7 @@ def read_vllm_bench_json(path: str | Path) -> list[StepPoint]:
     p = Path(path)
     text = read_text(p)
     try:
-        data = json.loads(text)
+        data = parse_json(text, str(p))
         objects = data if isinstance(data, list) else [data]
         wheres = [f"{p}: result {i + 1}" if isinstance(data, list) else str(p) for i in range(len(objects))]
     except json.JSONDecodeError:
@@ -233,7 +233,7 @@ def read_vllm_bench_json(path: str | Path) -> list[StepPoint]:
             if not line.strip():
                 continue
             try:
-                objects.append(json.loads(line))
+                objects.append(parse_json(line, f"{p}: line {no}"))
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{p}: line {no}: invalid JSON ({exc.msg})") from None
             wheres.append(f"{p}: line {no}")

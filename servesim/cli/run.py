@@ -89,8 +89,13 @@ def parse_overrides(
 
         overrides.append(("speculative_config", parse_llamacpp_flags(llama_cpp_flags, "--llama-cpp-spec")))
     if speculative_json is not None:
+        from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+
         try:
-            spec = json.loads(speculative_json, object_pairs_hook=_unique_keys)
+            spec = json.loads(speculative_json, object_pairs_hook=unique_json_keys)
+        except DuplicateJSONKey as exc:
+            raise ConfigError(f"--speculative-config: key {exc.args[0]!r} given twice (expected each key once)"
+                              ) from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--speculative-config: invalid JSON ({exc.msg} at column {exc.colno})") from None
         if not isinstance(spec, dict):
@@ -171,22 +176,6 @@ def _refuse_inputs_among_outputs(cfg, folder: Path, out: Any) -> None:
             if path in outputs and path.is_file():
                 raise OutputFolderRefused(f"--out: {path} is an input of this run, and the run writes its "
                                           f"{outputs[path]} there: give another --out folder")
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object's members as a dict; a key given twice is refused (as in a YAML config).
-
-    Raises:
-        ConfigError: a key appears twice in one object.
-    """
-    from servesim.errors import ConfigError
-
-    obj: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in obj:
-            raise ConfigError(f"--speculative-config: key {key!r} given twice (expected each key once)")
-        obj[key] = value
-    return obj
 
 
 def run(args: argparse.Namespace) -> int:

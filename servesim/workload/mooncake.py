@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from servesim.errors import TraceError
+from servesim.json_objects import DuplicateJSONKey, unique_json_keys
 from servesim.workload.content import MAX_CONTENT_INDEX
 from servesim.workload.rawtrace import MAX_TOKEN_COUNT, RawTrace, read_trace_text, too_many_tokens
 
@@ -43,18 +44,6 @@ MOONCAKE_KEYS = ("timestamp", "input_length", "output_length")
 MOONCAKE_BLOCK_TOKENS = 512
 """Tokens covered by one Mooncake ``hash_ids`` entry (Qin et al., FAST 2025, trace README)."""
 _HASH_IDS = re.compile(r'"hash_ids"\s*:\s*\[[^\]]*\]')
-
-
-class _DuplicateKey(ValueError):
-    """A JSON object names a key twice (``json.loads`` would silently keep the last value)."""
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    row = dict(pairs)
-    if len(row) != len(pairs):
-        keys = [key for key, _ in pairs]
-        raise _DuplicateKey(next(key for key in keys if keys.count(key) > 1))
-    return row
 
 
 def _bad_hash_id(ids: list) -> int | None:
@@ -97,7 +86,7 @@ def _parse_fast(
     if not lines:
         return None
     try:
-        rows = json.loads("[" + ",".join(lines) + "]", object_pairs_hook=_unique_keys)
+        rows = json.loads("[" + ",".join(lines) + "]", object_pairs_hook=unique_json_keys)
     except ValueError:  # invalid JSON or a key given twice: the checked pass names the line
         return None
     if len(rows) != len(lines) or not all(type(r) is dict for r in rows):
@@ -148,8 +137,8 @@ def _parse_checked(
         if not line.strip():
             continue
         try:
-            row: Any = json.loads(line, object_pairs_hook=_unique_keys)
-        except _DuplicateKey as exc:
+            row: Any = json.loads(line, object_pairs_hook=unique_json_keys)
+        except DuplicateJSONKey as exc:
             raise TraceError(f"{p}: line {n}: key {exc.args[0]!r} given twice (expected each key once)") from None
         except ValueError as exc:
             raise TraceError(f"{p}: line {n}: expected one JSON object per line ({exc.args[0]})") from None

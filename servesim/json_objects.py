@@ -1,0 +1,30 @@
+"""JSON objects that name each key once: ``json.loads`` keeps the last of a repeated key silently, so every
+JSON input servesim reads (Hugging Face ``config.json``, cards, traces, ``--speculative-config``, bench results,
+acceptance logs) is parsed with :func:`unique_json_keys` as its ``object_pairs_hook``, as the YAML loader
+refuses a repeated key."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class DuplicateJSONKey(ValueError):
+    """A JSON object names a key twice (``json.loads`` would keep the last value silently); ``args[0]`` is
+    the key."""
+
+
+def unique_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads``'s ``object_pairs_hook`` that refuses a key given twice in one object, as the YAML
+    loader does.
+
+    Raises:
+        DuplicateJSONKey: the key given twice.
+    """
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateJSONKey(key)
+            seen.add(key)
+    return obj
