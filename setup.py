@@ -4,7 +4,7 @@ The modules in :data:`COMPILED` stay plain Python source, the only code there is
 unchanged, with Python's semantics kept (no type inference, annotations not used as C types, Python's
 ``**``), so a compiled engine gives the same results bit for bit (tests/test_compiled_engine.py). Where
 Cython or a C compiler is missing, or ``SERVESIM_PURE_PYTHON=1`` is set, the install is pure Python and
-nothing else changes. Each built module's source hash goes into the package's ``_compiled.json``;
+nothing else changes. Each built module's source hash, size and mtime go into the package's ``_compiled.json``;
 :mod:`servesim.compiled` imports a module's source instead of its compiled copy once the source differs
 (an edited or mutated file runs as written, no rebuild needed).
 """
@@ -47,8 +47,15 @@ def _source(name: str) -> Path:
     return HERE.joinpath(*name.split(".")).with_suffix(".py")
 
 
+def _source_record(path: Path) -> dict:
+    """What servesim.compiled checks a built module's source against: SHA-256, size (bytes), mtime (ns)."""
+    stat = path.stat()
+    return {"sha256": hashlib.sha256(path.read_bytes()).hexdigest(), "size": stat.st_size,
+            "mtime_ns": stat.st_mtime_ns}
+
+
 class BuildCompiled(build_ext):
-    """build_ext on all CPUs that records each built module's source hash (the package's ``_compiled.json``)."""
+    """build_ext on all CPUs that records each built module's source (hash, size, mtime: the package's ``_compiled.json``)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()
@@ -58,7 +65,7 @@ class BuildCompiled(build_ext):
     def run(self) -> None:
         super().run()
         package = Path(self.get_ext_fullpath("servesim.heap")).parent
-        built = {ext.name: hashlib.sha256(_source(ext.name).read_bytes()).hexdigest()
+        built = {ext.name: _source_record(_source(ext.name))
                  for ext in self.extensions if Path(self.get_ext_fullpath(ext.name)).is_file()}
         (package / MANIFEST).write_text(json.dumps(built, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 

@@ -37,7 +37,7 @@ EAGLE = '{"method": "eagle", "num_speculative_tokens": 3, "acceptance": "eagle-l
 
 def servesim_command(config: Path, out: str, overrides: list[str], spec: bool) -> list[str]:
     """The ``servesim run CONFIG --out OUT --no-plot --quiet [--set ...] [--speculative-config EAGLE]`` argv."""
-    cmd = [sys.executable, "-c", "import sys; from servesim.cli import main; sys.exit(main())",
+    cmd = [sys.executable, "-c", "from servesim.cli import console_main; console_main()",
            "run", str(config), "--out", out, "--no-plot", "--quiet"]
     for text in overrides:
         cmd += ["--set", text]

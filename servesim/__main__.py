@@ -1,7 +1,5 @@
 """``python -m servesim ...``: the same command line as the ``servesim`` console script."""
 
-import sys
+from servesim.cli import console_main
 
-from servesim.cli import main
-
-sys.exit(main())
+console_main()

@@ -154,6 +154,52 @@ def test_console_script_exit_status(tmp_path):
     assert "Traceback" not in proc.stderr and "seed" in proc.stderr
 
 
+def _console(args: list[str], before: str = "", **kwargs) -> subprocess.CompletedProcess:
+    """Run ``servesim ARGS`` through the console script's entry point, ``before`` run first in the process."""
+    code = f"{before}\nfrom servesim.cli import console_main\nconsole_main()"
+    return subprocess.run([sys.executable, "-c", code, *args], text=True, **kwargs)
+
+
+def test_the_console_script_ends_the_process_with_main_s_status_and_its_output_complete(tmp_path):
+    # console_main skips the interpreter's teardown (os._exit) after flushing: the status is main()'s, the
+    # printed summary is all there, the files are written, and atexit handlers still run
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    before = "import atexit; atexit.register(lambda: print('atexit ran'))"
+    proc = _console(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"], before, capture_output=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("atexit ran\n") and "TTFT" in proc.stdout
+    assert "completed" in json.loads((tmp_path / "o" / "summary.json").read_text())
+    proc = _console(["run", str(cfg), "--out", str(tmp_path / "o"), "--set", "seed=-1"], capture_output=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("servesim: error: ") and "Traceback" not in proc.stderr
+    out = subprocess.run([sys.executable, "-m", "servesim", "--help"], capture_output=True, text=True)
+    assert out.returncode == 0 and "capacity" in out.stdout  # python -m servesim: the same entry point
+
+
+def test_the_console_script_pauses_the_cyclic_collector_for_run_only(tmp_path):
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    before = "import atexit, gc; atexit.register(lambda: print('collector enabled:', gc.isenabled()))"
+    proc = _console(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"], before,
+                    capture_output=True)
+    assert proc.returncode == 0 and proc.stdout.endswith("collector enabled: False\n"), proc.stderr
+    proc = _console(["--help"], before, capture_output=True)  # any other command: as Python starts
+    assert proc.returncode == 0 and proc.stdout.endswith("collector enabled: True\n")
+
+
+def test_the_console_script_waits_for_a_live_thread_and_reports_a_failed_flush(tmp_path):
+    # a non-daemon thread still running: the normal exit, which waits for it (its file gets written)
+    marker = tmp_path / "written"
+    before = ("import threading, time\n"
+              f"threading.Thread(target=lambda: (time.sleep(0.3), open({str(marker)!r}, 'w').close())).start()")
+    proc = _console(["--help"], before, capture_output=True)
+    assert proc.returncode == 0 and marker.exists()
+    # stdout whose flush fails (a full disk, a closed pipe): the normal exit, which reports it (status 120)
+    # where os._exit would end with 0 and the output lost
+    before = ("import io, sys\nclass Full(io.StringIO):\n    def flush(self):\n        raise OSError(28, 'No space left')\n"
+              "sys.stdout = Full()")
+    proc = _console(["--help"], before, capture_output=True)
+    assert proc.returncode == 120 and "No space left" in proc.stderr
+
+
 def test_the_cli_starts_where_nothing_imported_importlib_util_before_it():
     # an editable install's path hook imports importlib.util at start-up; a plain `pip install .` into a
     # clean venv does not, and `importlib.util` is then no attribute of `importlib` until imported by name

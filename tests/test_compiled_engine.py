@@ -79,6 +79,32 @@ def test_a_changed_source_is_imported_from_its_py_file(monkeypatch: pytest.Monke
     assert compiled.SourceWhenStale({"servesim.heap": "0" * 64}).find_spec("servesim.roofline") is None
 
 
+def test_a_source_with_the_build_s_size_and_mtime_is_not_read(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # the guard's shortcut (as a .pyc's timestamp check): size and mtime as recorded -> unchanged, unread
+    source = tmp_path / "module.py"
+    source.write_text("x = 1\n")
+    stat = source.stat()
+    digest = hashlib.sha256(source.read_bytes()).hexdigest()
+    same = {"sha256": "0" * 64, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    assert not compiled.source_changed(source, stat, same)  # a wrong hash, never computed
+    # another mtime (touched, or edited): the hash decides
+    touched = {"sha256": digest, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns - 1}
+    assert not compiled.source_changed(source, stat, touched)
+    assert compiled.source_changed(source, stat, dict(touched, sha256="0" * 64))
+    assert compiled.source_changed(source, stat, dict(same, size=stat.st_size + 1))  # another size: hashed
+    assert not compiled.source_changed(source, stat, digest)  # an earlier build's record: the hash alone
+    assert compiled.source_changed(source, stat, "0" * 64)
+    # the finder reads the package's sources the same way
+    monkeypatch.delenv(compiled.PURE_PYTHON_VAR, raising=False)
+    heap = ROOT / "servesim" / "heap.py"
+    heap_stat = heap.stat()
+    record = {"sha256": "0" * 64, "size": heap_stat.st_size, "mtime_ns": heap_stat.st_mtime_ns}
+    assert compiled.SourceWhenStale({"servesim.heap": record}).find_spec("servesim.heap") is None
+    record["mtime_ns"] += 1
+    assert compiled.SourceWhenStale({"servesim.heap": record}).find_spec("servesim.heap") is not None
+
+
 def test_an_edited_compiled_module_runs_as_written() -> None:
     # the guard is installed by `import servesim`: a changed hash makes the child import heap.py itself
     recorded = compiled.built_modules()
