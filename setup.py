@@ -22,9 +22,12 @@ from setuptools.command.build_ext import build_ext
 from setuptools.command.build_py import build_py
 
 HERE = Path(__file__).resolve().parent
-#: The modules compiled: the engine's hot path (per step and per run of steps).
+#: The modules compiled: the engine's hot path (per step and per run of steps) and the step time it calls
+#: per step (the roofline's and the drafter's terms).
 COMPILED = [
     "servesim.heap",
+    "servesim.roofline",
+    "servesim.speculation.costs",
     "servesim.engine.arrival_source",
     "servesim.engine.block_manager",
     "servesim.engine.core",

@@ -139,3 +139,46 @@ def test_setup_py_builds_what_the_package_reads() -> None:
     # the same variable and rule as compiled.pure_python_requested: set and not "0"
     source = (ROOT / "setup.py").read_text(encoding="utf-8")
     assert f'os.environ.get("{compiled.PURE_PYTHON_VAR}", "") not in ("", "0")' in source
+
+
+_STEP_TIMES = """
+import json
+from servesim.cards import load_hardware, load_model
+from servesim.roofline import build_step_time_model
+from servesim.speculation.costs import build_drafter
+from servesim.speculation.config import SpeculativeConfig
+import servesim.roofline as roofline
+out = {"compiled": not roofline.__file__.endswith(".py")}
+for gpu, model, tp in [("h100-sxm", "llama-3.1-8b", 1), ("a100-80gb-sxm", "llama-3.1-70b", 4),
+                       ("h200-sxm", "mixtral-8x7b", 2), ("h100-sxm", "deepseek-v3", 8), ("l40s", "qwen3-8b", 2),
+                       ("mi300x", "gpt-oss-120b", 1)]:
+    hw, card = load_hardware(gpu), load_model(model)
+    for mode in ("calibrated", "ideal"):
+        st = build_step_time_model(hw, card, tp, mode=mode, speculative=True)
+        rows = [st.step_subps(t, l, 5000 * t, 77 * t, r) for t, l, r in
+                [(1, 1, 1), (7, 7, 7), (64, 64, 64), (512, 3, 2), (2048, 16, 16), (8192, 1, 1), (100, 400, 100)]]
+        rows += [repr(st.context_free_s(t, t)) for t in (1, 3, 33, 257, 4096)]
+        drafter = build_drafter(SpeculativeConfig(method="eagle", num_speculative_tokens=3), hw, card, tp, mode, st)
+        rows += [drafter.step_subps(t, r, 3, 900 * r) for t, r in [(4, 1), (64, 16), (1000, 250)]]
+        out[f"{gpu} {model} tp{tp} {mode}"] = rows
+print(json.dumps(out))
+"""
+
+
+def test_compiled_step_times_equal_the_interpreted_ones_bit_for_bit() -> None:
+    # the roofline and drafter modules are compiled too (setup.py): dense, MoE, tensor-parallel and sliding
+    # window cards on several GPUs, both modes, give the same integers and float reprs either way
+    if "servesim.roofline" not in compiled.built_modules():
+        if os.environ.get("SERVESIM_REQUIRE_COMPILED"):
+            pytest.fail("servesim.roofline was not compiled: the Cython build did not run")
+        pytest.skip("a pure-Python install: nothing to compare")
+    results = []
+    for pure in (False, True):
+        env = {key: value for key, value in os.environ.items() if key != compiled.PURE_PYTHON_VAR}
+        if pure:
+            env[compiled.PURE_PYTHON_VAR] = "1"
+        proc = subprocess.run([sys.executable, "-c", _STEP_TIMES], capture_output=True, text=True, env=env)
+        assert proc.returncode == 0, proc.stderr
+        results.append(__import__("json").loads(proc.stdout))
+    assert results[0].pop("compiled") is True and results[1].pop("compiled") is False
+    assert results[0] == results[1]
