@@ -65,6 +65,14 @@ def test_flag_mapping():
     ("--spec-type draft-dflash", ["draft-dflash"]),
     ("--spec-type draft-simple -md x --spec-draft-n-max four", ["--spec-draft-n-max", "four"]),
     ("--spec-type draft-simple -md", ["-md", "value"]),
+    # what Python's int() and float() take and llama.cpp's stoi/stof read otherwise (1_0 -> 1) or refuse
+    ("--spec-type draft-simple -md x --spec-draft-n-max 1_0", ["--spec-draft-n-max", "'1_0'", "integer"]),
+    ("--spec-type draft-simple -md x --spec-draft-n-max \uff13", ["--spec-draft-n-max", "integer"]),
+    ("--spec-type ngram-simple --spec-ngram-simple-size-n 2.0", ["--spec-ngram-simple-size-n", "'2.0'"]),
+    ("--spec-type ngram-simple --temp nan", ["--temp", "'nan'", "number >= 0"]),
+    ("--spec-type ngram-simple --temp inf", ["--temp", "'inf'"]),
+    ("--spec-type ngram-simple --temp 1e400", ["--temp", "'1e400'"]),
+    ("--spec-type ngram-simple --temp 0_5", ["--temp", "'0_5'"]),
 ])
 def test_errors_are_one_line_and_name_the_flag(flags, words):
     with pytest.raises(ConfigError) as err:

@@ -204,3 +204,17 @@ def test_command_bad_file_exits_two(tmp_path, capsys):
 
 def test_default_cases_dir_exists():
     assert (default_cases_dir() / "README.md").is_file()
+
+
+def test_a_note_shared_by_several_cases_outside_tolerance_is_written_once():
+    from types import SimpleNamespace
+
+    from servesim.cli.validate import outside_lines
+
+    long_note = "The routed experts run in fused-MoE kernels ..."
+    cases = [SimpleNamespace(name="moe-plain", detail="", notes=long_note),
+             SimpleNamespace(name="moe-k3", detail="speedup 1.2", notes=long_note),
+             SimpleNamespace(name="dense", detail="", notes="other"),
+             SimpleNamespace(name="bare", detail="", notes="")]
+    assert outside_lines(cases) == [f"  moe-plain: {long_note}", "  moe-k3: [speedup 1.2] (notes as for moe-plain)",
+                                    "  dense: other", "  bare"]

@@ -103,8 +103,22 @@ def run(args: argparse.Namespace) -> int:
     outside = [r for r in results if not r.within]
     if outside:
         print("Outside tolerance:")
-        for r in outside:
-            parts = ([f"[{r.detail}]"] if r.detail else []) + ([r.notes] if r.notes else [])
-            print(f"  {r.name}" + (": " + " ".join(parts) if parts else ""))
+        print("\n".join(outside_lines(outside)))
     print(f"wrote {csv_path} and {png_path}")
     return 1 if outside and getattr(args, "strict", False) else 0
+
+
+def outside_lines(outside: list) -> list[str]:
+    """One line per case outside its tolerance: ``  NAME: [detail] notes``, a case's notes written once (a
+    later case with the same notes refers to the first that gave them: the gpt-oss cases share one long
+    note)."""
+    lines, first_with = [], {}
+    for r in outside:
+        parts = [f"[{r.detail}]"] if r.detail else []
+        if r.notes and r.notes in first_with:
+            parts.append(f"(notes as for {first_with[r.notes]})")
+        elif r.notes:
+            first_with[r.notes] = r.name
+            parts.append(r.notes)
+        lines.append(f"  {r.name}" + (": " + " ".join(parts) if parts else ""))
+    return lines

@@ -35,6 +35,8 @@ matching rules; servesim approximates them by vLLM-style prompt lookup with the 
 
 from __future__ import annotations
 
+import math
+import re
 import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -91,11 +93,17 @@ _TYPE_FOR_FLAG = {"size_n": "ngram-simple", "size_m": "ngram-simple", "n_max": "
                   "draft_model": "draft-simple", "model_card": "draft-simple", "acceptance": "draft-simple"}
 
 
+#: An integer or a decimal number as written on a command line: ASCII digits only (Python's ``int`` and
+#: ``float`` also take ``1_0``, non-ASCII digits, ``nan`` and ``inf``, which llama.cpp's ``std::stoi`` and
+#: ``std::stof`` read differently or not at all).
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
 def _int(value: str, flag: str, source: str, minimum: int = 1) -> int:
-    try:
-        n = int(value)
-    except ValueError:
-        raise ConfigError(f"{source}: {flag}: expected an integer >= {minimum} (got {value!r})") from None
+    if not _INTEGER.fullmatch(value):
+        raise ConfigError(f"{source}: {flag}: expected an integer >= {minimum} (got {value!r})")
+    n = int(value)
     if n < minimum:
         raise ConfigError(f"{source}: {flag}: expected an integer >= {minimum} (got {n})")
     return n
@@ -191,16 +199,12 @@ def parse_llamacpp_flags(flags: str | Sequence[str], source: str = "--llama-cpp-
             out["model"] = draft  # a label: the EAGLE-3 head's cost comes from draft_head or the default head
     if "acceptance" in f:
         raw = f["acceptance"][1]
-        try:
-            out["acceptance"] = {"alpha": float(raw)}
-        except ValueError:
-            out["acceptance"] = raw
+        out["acceptance"] = {"alpha": float(raw)} if _DECIMAL.fullmatch(raw) else raw  # else a profile's name
     if "temperature" in f:
         flag, raw = f["temperature"]
-        try:
-            t = float(raw)
-        except ValueError:
-            raise ConfigError(f"{source}: {flag}: expected a number >= 0 (got {raw!r})") from None
+        if not _DECIMAL.fullmatch(raw) or not math.isfinite(float(raw)):
+            raise ConfigError(f"{source}: {flag}: expected a number >= 0 (got {raw!r})")
+        t = float(raw)
         if t < 0:
             raise ConfigError(f"{source}: {flag}: expected a number >= 0 (got {t})")
         out["temperature"] = t
