@@ -73,6 +73,10 @@ def test_flag_mapping():
     ("--spec-type ngram-simple --temp inf", ["--temp", "'inf'"]),
     ("--spec-type ngram-simple --temp 1e400", ["--temp", "'1e400'"]),
     ("--spec-type ngram-simple --temp 0_5", ["--temp", "'0_5'"]),
+    # more digits than int() converts (4,300): one line, not int()'s ValueError as a traceback
+    ("--spec-type draft-simple -md x --spec-draft-n-max " + "9" * 5000, ["--spec-draft-n-max", "integer",
+                                                                        "(5000 characters)"]),
+    ("--spec-type ngram-simple --spec-ngram-simple-size-m " + "1" * 101, ["--spec-ngram-simple-size-m"]),
 ])
 def test_errors_are_one_line_and_name_the_flag(flags, words):
     with pytest.raises(ConfigError) as err:

@@ -98,11 +98,15 @@ _TYPE_FOR_FLAG = {"size_n": "ngram-simple", "size_m": "ngram-simple", "n_max": "
 #: ``std::stof`` read differently or not at all).
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+#: More digits than this are refused as not an integer (``int`` refuses over 4,300 digits,
+#: ``sys.get_int_max_str_digits``, with a ValueError that would surface as a traceback).
+_MAX_DIGITS = 100
 
 
 def _int(value: str, flag: str, source: str, minimum: int = 1) -> int:
-    if not _INTEGER.fullmatch(value):
-        raise ConfigError(f"{source}: {flag}: expected an integer >= {minimum} (got {value!r})")
+    if not _INTEGER.fullmatch(value) or len(value.lstrip("+-")) > _MAX_DIGITS:
+        shown = value if len(value) <= 40 else f"{value[:20]}...({len(value)} characters)"
+        raise ConfigError(f"{source}: {flag}: expected an integer >= {minimum} (got {shown!r})")
     n = int(value)
     if n < minimum:
         raise ConfigError(f"{source}: {flag}: expected an integer >= {minimum} (got {n})")
