@@ -127,13 +127,17 @@ def parse_json(text: str, source: str) -> Any:
     """
     import json
 
-    from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+    from servesim.json_objects import DuplicateJSONKey, shown_key, unique_json_keys
 
     try:
         return json.loads(text, object_pairs_hook=unique_json_keys)
     except DuplicateJSONKey as exc:
-        raise ConfigError(f"{source}: {exc.args[0]}: key given twice in one JSON object (expected each key "
-                          "once; JSON readers keep the last value silently)") from None
+        raise ConfigError(f"{source}: {shown_key(exc.args[0])}: key given twice in one JSON object (expected "
+                          "each key once; JSON readers keep the last value silently)") from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise ConfigError(f"{source}: invalid JSON ({exc})") from None
 
 
 def load_json(path: str | Path) -> Any:

@@ -13,6 +13,12 @@ class DuplicateJSONKey(ValueError):
     the key."""
 
 
+def shown_key(key: str) -> str:
+    """``key`` as an error message shows it: as written when it is printable, else quoted with its escapes
+    (a key holding a newline would split the one-line error)."""
+    return key if key and key.isprintable() else repr(key)
+
+
 def unique_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """``json.loads``'s ``object_pairs_hook`` that refuses a key given twice in one object, as the YAML
     loader does.

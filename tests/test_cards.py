@@ -721,6 +721,48 @@ def test_a_json_file_naming_a_key_twice_is_refused(tmp_path: Path) -> None:
         read_bench_result(bench)
 
 
+def test_json_errors_stay_one_line_for_odd_keys_and_overlong_integers(tmp_path: Path) -> None:
+    # a key holding a newline is shown quoted (it split the one-line error in two), and an integer of more
+    # digits than int() converts (4,300) is invalid JSON in one line, not int()'s ValueError as a traceback
+    from servesim.acceptance.logs import parse_llamacpp
+    from servesim.acceptance.vocab import load_vocab
+    from servesim.cli.acceptance import read_pairs
+    from servesim.cli.run import parse_overrides
+    from servesim.errors import ServesimError
+
+    text = json.dumps(_hf_from_card(load_model("llama-3.1-8b")))
+    path = tmp_path / "config.json"
+    path.write_text(text[:-1] + ', "a\\nb": 1, "a\\nb": 2}')
+    with pytest.raises(ConfigError) as excinfo:
+        load_model(path)
+    assert _one_line_error(excinfo).startswith(f"{path}: 'a\\nb': key given twice in one JSON object")
+    path.write_text(text[:-1] + ', "": 1, "": 2}')
+    with pytest.raises(ConfigError, match=r"config\.json: '': key given twice"):
+        load_model(path)
+    (tmp_path / "tokenizer.json").write_text('{"model": {"type": "BPE", "vocab": {"\\t": 0, "\\t": 1}}}')
+    with pytest.raises(ConfigError) as excinfo:
+        load_vocab(tmp_path)
+    assert "'\\t': key given twice" in _one_line_error(excinfo)
+    digits = "1" * 5000
+    path.write_text(text.replace('"num_hidden_layers": 32', f'"num_hidden_layers": {digits}'))
+    with pytest.raises(ConfigError) as excinfo:
+        load_model(path)
+    assert _one_line_error(excinfo).startswith(f"{path}: invalid JSON (Exceeds the limit")
+    (tmp_path / "tokenizer.json").write_text(f'{{"model": {{"type": "BPE", "vocab": {{"a": {digits}}}}}}}')
+    with pytest.raises(ConfigError, match=r"tokenizer\.json: invalid JSON \(Exceeds the limit"):
+        load_vocab(tmp_path)
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(f'{{"prompt": "a b", "answer": "c", "n": {digits}}}\n')
+    with pytest.raises(ServesimError, match=r"pairs\.jsonl: line 1: invalid JSON \(Exceeds the limit"):
+        read_pairs(pairs)
+    timings = tmp_path / "timings.jsonl"
+    timings.write_text(f'{{"timings": {{"draft_n": {digits}, "draft_n_accepted": 2, "predicted_n": 9}}}}\n')
+    with pytest.raises(ServesimError, match=r"timings\.jsonl: line 1: invalid JSON \(Exceeds the limit"):
+        parse_llamacpp(timings, 3)
+    with pytest.raises(ConfigError, match=r"^--speculative-config: invalid JSON \(Exceeds the limit"):
+        parse_overrides([], f'{{"method": "ngram", "num_speculative_tokens": {digits}}}')
+
+
 def test_every_json_reader_refuses_a_key_given_twice(tmp_path: Path) -> None:
     # the same rule in each reader of JSON input: vllm bench results for calibrate, prompt/answer pairs for
     # `servesim acceptance`, llama.cpp timings, a tokenizer.json for check-draft, Mooncake rows

@@ -467,6 +467,8 @@ def parse_llamacpp(path: str | Path, k: int) -> SpecDecodeCounts:
                 raise TraceError(f"{where}: key {exc.args[0]!r} given twice (expected each key once)") from None
             except json.JSONDecodeError as exc:
                 raise TraceError(f"{where}: invalid JSON ({exc.msg})") from None
+            except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+                raise TraceError(f"{where}: invalid JSON ({exc})") from None
             t = _timings_of(obj)
             if t is None or t.get("draft_n") in (None, 0):
                 skipped += 1

@@ -137,13 +137,13 @@ def _special_id(value: Any, table: dict[str, int]) -> int | None:
 
 
 def _read_json(path: Path) -> Any:
-    from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+    from servesim.json_objects import DuplicateJSONKey, shown_key, unique_json_keys
 
     try:
         return json.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"), object_pairs_hook=unique_json_keys)
     except DuplicateJSONKey as exc:
-        raise ConfigError(f"{path}: {exc.args[0]}: key given twice in one JSON object (expected each key once; "
-                          "JSON readers keep the last value silently)") from None
+        raise ConfigError(f"{path}: {shown_key(exc.args[0])}: key given twice in one JSON object (expected each "
+                          "key once; JSON readers keep the last value silently)") from None
     except UnicodeDecodeError as exc:
         from servesim.input_files import not_utf8_message
 
@@ -154,6 +154,8 @@ def _read_json(path: Path) -> Any:
         raise ConfigError(f"{path}: cannot read file ({exc.strerror})") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from None
+    except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+        raise ConfigError(f"{path}: invalid JSON ({exc})") from None
 
 
 def _token_id(value: Any, path: Path, field: str) -> int:

@@ -136,6 +136,8 @@ def read_pairs(path: Path) -> list[tuple[list[Any], list[Any]]]:
             raise TraceError(f"{path}: line {no}: key {exc.args[0]!r} given twice (expected each key once)") from None
         except json.JSONDecodeError as exc:
             raise TraceError(f"{path}: line {no}: invalid JSON ({exc.msg})") from None
+        except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+            raise TraceError(f"{path}: line {no}: invalid JSON ({exc})") from None
         if not isinstance(row, dict):
             raise TraceError(f"{path}: line {no}: expected an object with 'prompt' and 'answer'")
         toks = []

@@ -98,6 +98,8 @@ def parse_overrides(
                               ) from None
         except json.JSONDecodeError as exc:
             raise ConfigError(f"--speculative-config: invalid JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
+            raise ConfigError(f"--speculative-config: invalid JSON ({exc})") from None
         if not isinstance(spec, dict):
             raise ConfigError("--speculative-config: expected a JSON object")
         overrides.append(("speculative_config", spec))
