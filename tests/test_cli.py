@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -303,6 +304,17 @@ def test_a_closed_pipe_ends_quietly_as_sigpipe_would(tmp_path):
     err = proc.stderr.read().decode()
     assert proc.wait() == 128 + signal.SIGPIPE
     assert err == ""
+
+
+def test_a_closed_stdout_is_no_traceback(tmp_path):
+    # ``servesim run ... >&-``: Python starts with sys.stdout None (print() writes nothing); flushing it was an
+    # AttributeError traceback, status 1. The run writes its files and succeeds
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    out = tmp_path / "o"
+    proc = subprocess.run([sys.executable, "-m", "servesim", "run", str(cfg), "--out", str(out), "--no-plot"],
+                          preexec_fn=lambda: os.close(1), stderr=subprocess.PIPE, text=True)
+    assert (proc.returncode, proc.stderr) == (0, "")
+    assert (out / "summary.json").is_file()
 
 
 @pytest.mark.parametrize(

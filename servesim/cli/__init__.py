@@ -268,7 +268,8 @@ def _run_reported(module, args: argparse.Namespace, out: object) -> int:
             own = own + tuple(_sweep_figures(out))  # drawn from the tables a failed sweep removes
         with _replacing_earlier_outputs(out, own):
             status = int(module.run(args) or 0)
-        sys.stdout.flush()  # a closed pipe or a full device is said here, not as a traceback at exit
+        if sys.stdout is not None:  # None: started with stdout closed (``>&-``), print() writes nothing
+            sys.stdout.flush()  # a closed pipe or a full device is said here, not as a traceback at exit
         return status
     except ServesimError as exc:
         print(f"servesim: error: {exc}", file=sys.stderr)

@@ -220,5 +220,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         print(format_summary_table(summary))
         print(f"wrote {out_dir}/summary.json, requests.csv, steps.csv" + ("" if args.no_plot else ", latency.png"))
-    sys.stdout.flush()
+    if sys.stdout is not None:  # None: started with stdout closed (``>&-``)
+        sys.stdout.flush()
     return 0
