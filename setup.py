@@ -46,6 +46,10 @@ SHIPPED_FOLDERS = ("hardware", "workloads/acceptance", "experiments/validation")
 PACKAGE_COPY = "_shipped"
 
 
+#: Each compiled module's source record (:func:`_source_record`) taken just before Cython translates it.
+SOURCES_TRANSLATED: dict[str, dict] = {}
+
+
 def _source(name: str) -> Path:
     return HERE.joinpath(*name.split(".")).with_suffix(".py")
 
@@ -68,7 +72,7 @@ class BuildCompiled(build_ext):
     def run(self) -> None:
         super().run()
         package = Path(self.get_ext_fullpath("servesim.heap")).parent
-        built = {ext.name: _source_record(_source(ext.name))
+        built = {ext.name: SOURCES_TRANSLATED.get(ext.name) or _source_record(_source(ext.name))
                  for ext in self.extensions if Path(self.get_ext_fullpath(ext.name)).is_file()}
         (package / MANIFEST).write_text(json.dumps(built, indent=1, sort_keys=True) + "\n", encoding="utf-8")
 
@@ -97,6 +101,9 @@ def _extensions() -> list[Extension]:
         from Cython.Build import cythonize
     except ImportError:  # no Cython in the build environment: a pure-Python install
         return []
+    # each source as Cython reads it, recorded first: a file edited while the build runs is then recorded as
+    # the older version, so that the guard sees the edit and imports the source
+    SOURCES_TRANSLATED.update({name: _source_record(_source(name)) for name in COMPILED})
     # optional: a module that fails to compile (no C compiler) is left interpreted, the install goes on
     extensions = [Extension(name, [str(_source(name).relative_to(HERE))], optional=True) for name in COMPILED]
     return cythonize(extensions, compiler_directives=DIRECTIVES, build_dir="build/cython", quiet=True)

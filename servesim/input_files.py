@@ -127,10 +127,10 @@ def parse_json(text: str, source: str) -> Any:
     """
     import json
 
-    from servesim.json_objects import DuplicateJSONKey, shown_key, unique_json_keys
+    from servesim.json_objects import DuplicateJSONKey, loads_unique, shown_key
 
     try:
-        return json.loads(text, object_pairs_hook=unique_json_keys)
+        return loads_unique(text)
     except DuplicateJSONKey as exc:
         raise ConfigError(f"{source}: {shown_key(exc.args[0])}: key given twice in one JSON object (expected "
                           "each key once; JSON readers keep the last value silently)") from None

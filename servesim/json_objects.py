@@ -1,10 +1,11 @@
 """JSON objects that name each key once: ``json.loads`` keeps the last of a repeated key silently, so every
 JSON input servesim reads (Hugging Face ``config.json``, cards, traces, ``--speculative-config``, bench results,
-acceptance logs) is parsed with :func:`unique_json_keys` as its ``object_pairs_hook``, as the YAML loader
-refuses a repeated key."""
+acceptance logs) is parsed by :func:`loads_unique`, with :func:`unique_json_keys` as its
+``object_pairs_hook``, as the YAML loader refuses a repeated key."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -34,3 +35,21 @@ def unique_json_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
                 raise DuplicateJSONKey(key)
             seen.add(key)
     return obj
+
+
+class JSONTooDeep(ValueError):
+    """JSON whose arrays and objects nest deeper than Python's recursion limit lets ``json.loads`` read."""
+
+
+def loads_unique(text: str) -> Any:
+    """``json.loads`` with :func:`unique_json_keys`, and nesting too deep to read as a ``ValueError``.
+
+    Raises:
+        json.JSONDecodeError: invalid JSON. DuplicateJSONKey: a key given twice in one object. JSONTooDeep:
+            collections nested too deeply to read (``RecursionError`` in the parser). ValueError: an integer
+            of more digits than ``int()`` converts (``sys.get_int_max_str_digits``).
+    """
+    try:
+        return json.loads(text, object_pairs_hook=unique_json_keys)
+    except RecursionError:
+        raise JSONTooDeep("collections nested too deeply to read") from None

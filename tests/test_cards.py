@@ -795,3 +795,23 @@ def test_every_json_reader_refuses_a_key_given_twice(tmp_path: Path) -> None:
     trace.write_text('{"timestamp": 0, "input_length": 5, "output_length": 3, "output_length": 4}\n')
     with pytest.raises(TraceError, match=r"trace\.jsonl: line 1: key 'output_length' given twice"):
         read_mooncake_jsonl(trace)
+
+
+def test_json_nested_too_deeply_to_read_is_one_line(tmp_path: Path) -> None:
+    # json.loads raises RecursionError past Python's recursion limit: each JSON reader says so in one line
+    from servesim.cli.run import parse_overrides
+    from servesim.errors import TraceError
+    from servesim.workload.mooncake import read_mooncake_jsonl
+
+    deep = "[" * 100_000 + "]" * 100_000
+    path = tmp_path / "config.json"
+    path.write_text('{"x": ' + deep + "}")
+    with pytest.raises(ConfigError) as excinfo:
+        load_model(path)
+    assert _one_line_error(excinfo) == f"{path}: invalid JSON (collections nested too deeply to read)"
+    with pytest.raises(ConfigError, match=r"^--speculative-config: invalid JSON \(collections nested too deeply"):
+        parse_overrides([], '{"method": "eagle", "x": ' + deep + "}")
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 5, "output_length": 3}\n{"x": ' + deep + "}\n")
+    with pytest.raises(TraceError, match=r"trace\.jsonl: line 2: .*nested too deeply to read"):
+        read_mooncake_jsonl(trace)

@@ -54,7 +54,7 @@ import numpy as np
 
 from servesim.errors import TraceError
 from servesim.input_files import shown_value
-from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+from servesim.json_objects import DuplicateJSONKey, loads_unique
 from servesim.speculation.config import MAX_SPEC_LEN
 from servesim.speculation.profile import AcceptanceProfile
 
@@ -462,7 +462,7 @@ def parse_llamacpp(path: str | Path, k: int) -> SpecDecodeCounts:
                 continue
             where = f"{p}: line {no}"
             try:
-                obj = json.loads(line, object_pairs_hook=unique_json_keys)
+                obj = loads_unique(line)
             except DuplicateJSONKey as exc:
                 raise TraceError(f"{where}: key {exc.args[0]!r} given twice (expected each key once)") from None
             except json.JSONDecodeError as exc:

@@ -137,10 +137,10 @@ def _special_id(value: Any, table: dict[str, int]) -> int | None:
 
 
 def _read_json(path: Path) -> Any:
-    from servesim.json_objects import DuplicateJSONKey, shown_key, unique_json_keys
+    from servesim.json_objects import DuplicateJSONKey, loads_unique, shown_key
 
     try:
-        return json.loads(path.read_text(encoding="utf-8").removeprefix("\ufeff"), object_pairs_hook=unique_json_keys)
+        return loads_unique(path.read_text(encoding="utf-8").removeprefix("\ufeff"))
     except DuplicateJSONKey as exc:
         raise ConfigError(f"{path}: {shown_key(exc.args[0])}: key given twice in one JSON object (expected each "
                           "key once; JSON readers keep the last value silently)") from None

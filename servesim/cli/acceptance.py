@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from servesim.errors import ConfigError, TraceError
-from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+from servesim.json_objects import DuplicateJSONKey, loads_unique
 from servesim.acceptance.ngram import NgramStats, aggregate
 from servesim.speculation.profile import AcceptanceProfile
 
@@ -131,7 +131,7 @@ def read_pairs(path: Path) -> list[tuple[list[Any], list[Any]]]:
         if not line.strip():
             continue
         try:
-            row = json.loads(line, object_pairs_hook=unique_json_keys)
+            row = loads_unique(line)
         except DuplicateJSONKey as exc:
             raise TraceError(f"{path}: line {no}: key {exc.args[0]!r} given twice (expected each key once)") from None
         except json.JSONDecodeError as exc:

@@ -89,10 +89,10 @@ def parse_overrides(
 
         overrides.append(("speculative_config", parse_llamacpp_flags(llama_cpp_flags, "--llama-cpp-spec")))
     if speculative_json is not None:
-        from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+        from servesim.json_objects import DuplicateJSONKey, loads_unique
 
         try:
-            spec = json.loads(speculative_json, object_pairs_hook=unique_json_keys)
+            spec = loads_unique(speculative_json)
         except DuplicateJSONKey as exc:
             raise ConfigError(f"--speculative-config: key {exc.args[0]!r} given twice (expected each key once)"
                               ) from None

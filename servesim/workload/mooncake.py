@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from servesim.errors import TraceError
-from servesim.json_objects import DuplicateJSONKey, unique_json_keys
+from servesim.json_objects import DuplicateJSONKey, loads_unique
 from servesim.workload.content import MAX_CONTENT_INDEX
 from servesim.workload.rawtrace import MAX_TOKEN_COUNT, RawTrace, read_trace_text, too_many_tokens
 
@@ -86,7 +86,7 @@ def _parse_fast(
     if not lines:
         return None
     try:
-        rows = json.loads("[" + ",".join(lines) + "]", object_pairs_hook=unique_json_keys)
+        rows = loads_unique("[" + ",".join(lines) + "]")
     except ValueError:  # invalid JSON or a key given twice: the checked pass names the line
         return None
     if len(rows) != len(lines) or not all(type(r) is dict for r in rows):
@@ -137,7 +137,7 @@ def _parse_checked(
         if not line.strip():
             continue
         try:
-            row: Any = json.loads(line, object_pairs_hook=unique_json_keys)
+            row: Any = loads_unique(line)
         except DuplicateJSONKey as exc:
             raise TraceError(f"{p}: line {n}: key {exc.args[0]!r} given twice (expected each key once)") from None
         except ValueError as exc:
