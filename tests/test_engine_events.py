@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import simpy
 
+from servesim.engine import core
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.config.models import SimConfig
 from servesim.wiring import build_engine
@@ -31,7 +32,9 @@ class _CountingEnv(simpy.Environment):
         return super().timeout(delay, value)
 
 
-def _engine(cfg: dict, observed: bool):
+def _engine(cfg: dict, observed: bool, arrivals_per_timeout: int | None = None, monkeypatch=None):
+    if arrivals_per_timeout is not None:
+        monkeypatch.setattr(core, "ARRIVALS_PER_TIMEOUT", arrivals_per_timeout)
     engine, _, _ = build_engine(SimConfig.model_validate(cfg), ROOT, np.random.SeedSequence(0))
     if observed:
         source = engine.arrivals
@@ -42,21 +45,30 @@ def _engine(cfg: dict, observed: bool):
     return engine, env
 
 
-@pytest.mark.parametrize("spec", [None, {"method": "eagle", "num_speculative_tokens": 3}])
-def test_steps_batched_up_to_the_next_arrival_give_the_same_results(spec):
-    cfg = config(4.0, "run", 60.0, 2500, spec)
-    batched, env_batched = _engine(cfg, observed=False)
-    single, env_single = _engine(cfg, observed=True)
-    out_b, out_s = batched.output(), single.output()
+def _same_results(out_b, out_s) -> None:
     for name in ("arrival_s", "first_scheduled_s", "first_token_s", "finish_s", "preemptions", "generated_tokens"):
         np.testing.assert_array_equal(getattr(out_b.requests, name), getattr(out_s.requests, name), err_msg=name)
     for name in ("start_ps", "num_steps", "duration_s", "kv_block_ps", "num_waiting", "itl_samples"):
         np.testing.assert_array_equal(getattr(out_b.steps, name), getattr(out_s.steps, name), err_msg=name)
     assert out_b.spec_counters == out_s.spec_counters
-    # one timeout per step or run when observed; when not, at most one per arrival interval plus the
-    # waits of an idle engine: here about a third as many
+
+
+@pytest.mark.parametrize("spec", [None, {"method": "eagle", "num_speculative_tokens": 3}])
+def test_steps_batched_over_arrivals_give_the_same_results(spec, monkeypatch):
+    cfg = config(4.0, "run", 60.0, 2500, spec)
+    single, env_single = _engine(cfg, observed=True)
+    per_arrival, env_per_arrival = _engine(cfg, observed=False, arrivals_per_timeout=1, monkeypatch=monkeypatch)
+    batched, env_batched = _engine(cfg, observed=False, arrivals_per_timeout=64, monkeypatch=monkeypatch)
+    out_s = single.output()
+    _same_results(per_arrival.output(), out_s)
+    out_b = batched.output()
+    _same_results(out_b, out_s)
+    # one timeout per step or run when observed; one per arrival interval (plus an idle engine's waits)
+    # with one arrival per timeout: about a third as many; with 64, one per 63 arrivals pulled between
+    # steps (this busy 4x run never idles)
     num_requests = len(out_b.requests)
-    assert env_batched.timeouts <= 2 * num_requests + 1 < env_single.timeouts
+    assert env_per_arrival.timeouts <= 2 * num_requests + 1 < env_single.timeouts
+    assert env_batched.timeouts <= num_requests // 63 + 2 < env_per_arrival.timeouts // 20
 
 
 @pytest.mark.parametrize("concurrency", [None, 2])

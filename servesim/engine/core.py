@@ -95,6 +95,13 @@ def _int_list(values) -> list[int]:
     return [shared.setdefault(value, value) for value in ints]
 
 
+ARRIVALS_PER_TIMEOUT = 256
+"""Arrivals a single engine (nothing observing it between steps) pulls between its steps before it yields
+one SimPy timeout for the whole stretch (:meth:`Engine.process`): fewer SimPy events than one per arrival
+interval, and still a return to SimPy's (interpreted) loop every few milliseconds of the run, where
+Ctrl-C, SIGTERM and the progress bar's thread get their turn."""
+
+
 class Engine:
     """One replica's scheduler, KV-block pool and step clock.
 
@@ -317,8 +324,10 @@ class Engine:
     def process(self, env):
         """The replica's SimPy process: one timeout per engine step or run of decode steps or, when nothing
         else observes the engine between its steps (one replica pulling from a plain :class:`ArrivalSource`:
-        no router), per stretch of steps up to the next arrival, the step that reaches it included. Every
-        step starts and ends at the same instant either way; only the number of SimPy events changes."""
+        no router), per stretch of steps over up to :data:`ARRIVALS_PER_TIMEOUT` arrivals, which the engine
+        pulls between its steps as it does after a timeout (a stretch ends at an idle wait, at the
+        simulation's time limit, and when the step log is due for compaction). Every step starts and ends
+        at the same instant either way; only the number of SimPy events changes."""
         arrivals = self.arrivals
         batch = type(arrivals) is ArrivalSource
         while True:
@@ -338,6 +347,7 @@ class Engine:
             if self.max_time_ps is not None and self.now >= self.max_time_ps:
                 break
             t0 = self.now
+            pulls_left = ARRIVALS_PER_TIMEOUT
             while True:
                 if self.mode == "step":
                     self._explicit_step()
@@ -351,11 +361,15 @@ class Engine:
                     self._fast_step()
                 if not batch or not (self.running or self.waiting):
                     break
-                t_next = arrivals.next_ps  # arrivals.next_time(), inline (hot loop)
-                if t_next is not None and t_next <= self.now:
-                    break
                 if self.max_time_ps is not None and self.now >= self.max_time_ps:
                     break
+                t_next = arrivals.next_ps  # arrivals.next_time(), inline (hot loop)
+                if t_next is not None and t_next <= self.now:
+                    # what the loop's top does after a timeout: the engine is busy and before its limit
+                    pulls_left -= 1
+                    if not pulls_left or self.row_log.full():
+                        break
+                    self._pull_arrivals()
             if self.row_log.full():
                 self.compact_logs()
             yield env.timeout((self.now - t0) / PS_PER_S)
