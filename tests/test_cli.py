@@ -186,6 +186,30 @@ def test_the_console_script_pauses_the_cyclic_collector_for_run_only(tmp_path):
     assert proc.returncode == 0 and proc.stdout.endswith("collector enabled: True\n")
 
 
+def test_the_console_script_runs_numpy_s_blas_on_one_thread_unless_told_otherwise():
+    import os
+
+    code = "import atexit, os; atexit.register(lambda: print('threads', os.environ.get('OPENBLAS_NUM_THREADS')))"
+    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_NUM_THREADS"}
+    assert _console(["--help"], code, capture_output=True, env=env).stdout.endswith("threads 1\n")
+    env["OPENBLAS_NUM_THREADS"] = "4"  # the user's setting is kept
+    assert _console(["--help"], code, capture_output=True, env=env).stdout.endswith("threads 4\n")
+
+
+def test_a_console_run_has_no_thread_but_its_own(tmp_path):
+    # numpy imported, the run done: no BLAS pool (the progress bar's thread only runs on a terminal)
+    if not Path("/proc/self/task").is_dir():
+        pytest.skip("counts threads in /proc (Linux)")
+    import os
+
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    code = "import atexit, os; atexit.register(lambda: print('threads', len(os.listdir('/proc/self/task'))))"
+    env = {key: value for key, value in os.environ.items() if key != "OPENBLAS_NUM_THREADS"}
+    proc = _console(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"], code,
+                    capture_output=True, env=env)
+    assert proc.returncode == 0 and proc.stdout == "threads 1\n", proc.stderr
+
+
 def test_the_console_script_waits_for_a_live_thread_and_reports_a_failed_flush(tmp_path):
     # a non-daemon thread still running: the normal exit, which waits for it (its file gets written)
     marker = tmp_path / "written"
