@@ -4,8 +4,8 @@ The modules in :data:`COMPILED` stay plain Python source, the only code there is
 unchanged, with Python's semantics kept (no type inference, annotations not used as C types, Python's
 ``**``), so a compiled engine gives the same results bit for bit (tests/test_compiled_engine.py). Where
 Cython or a C compiler is missing, or ``SERVESIM_PURE_PYTHON=1`` is set, the install is pure Python and
-nothing else changes. Each built module's source hash, size and mtime go into the package's ``_compiled.json``;
-:mod:`servesim.compiled` imports a module's source instead of its compiled copy once the source differs
+nothing else changes. Each built module's source hash, size and mtime go into the package's
+``_compiled.json``; :mod:`servesim.compiled` imports a module's source instead of its compiled copy once the source differs
 (an edited or mutated file runs as written, no rebuild needed).
 """
 
@@ -62,7 +62,8 @@ def _source_record(path: Path) -> dict:
 
 
 class BuildCompiled(build_ext):
-    """build_ext on all CPUs that records each built module's source (hash, size, mtime: the package's ``_compiled.json``)."""
+    """build_ext on all CPUs that records each built module's source (hash, size, mtime: the package's
+    ``_compiled.json``)."""
 
     def finalize_options(self) -> None:
         super().finalize_options()

@@ -5,9 +5,9 @@
 (run by ``import servesim``) puts a finder first on ``sys.meta_path`` that imports such a module from its
 ``.py`` source instead of its compiled copy when the source no longer has the recorded hash (edited since
 the build) or when ``$SERVESIM_PURE_PYTHON`` is set to anything but ``0``. A source whose size and
-modification time are the build's is taken as unchanged without reading it, as Python's own bytecode cache
-checks a ``.pyc`` (PEP 552's default, timestamp-based, invalidation); any other is hashed. Compiled and interpreted modules give the same
-results bit for bit (the build keeps Python's semantics; tests/test_compiled_engine.py compares them).
+modification time are the build's is taken as unchanged without reading it, as Python checks a ``.pyc``
+by default (its source's mtime and size); any other is hashed. Compiled and interpreted modules give the
+same results bit for bit (the build keeps Python's semantics; tests/test_compiled_engine.py compares them).
 """
 
 from __future__ import annotations
