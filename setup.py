@@ -5,8 +5,8 @@ unchanged, with Python's semantics kept (no type inference, annotations not used
 ``**``), so a compiled engine gives the same results bit for bit (tests/test_compiled_engine.py). Where
 Cython or a C compiler is missing, or ``SERVESIM_PURE_PYTHON=1`` is set, the install is pure Python and
 nothing else changes. Each built module's source hash, size and mtime go into the package's
-``_compiled.json``; :mod:`servesim.compiled` imports a module's source instead of its compiled copy once the source differs
-(an edited or mutated file runs as written, no rebuild needed).
+``_compiled.json``; :mod:`servesim.compiled` imports a module's source instead of its compiled copy once
+the source differs (an edited or mutated file runs as written, no rebuild needed).
 """
 
 from __future__ import annotations
