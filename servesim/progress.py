@@ -44,7 +44,9 @@ def run_to_end(env: simpy.Environment, completed: Callable[[], int], total: int,
         return
     from tqdm import tqdm
 
-    bar = tqdm(total=total, unit="req", desc="simulating", delay=PROGRESS_DELAY_S, mininterval=0.0,
+    # miniters=1: every redraw shows the count (tqdm's dynamic miniters would skip a redraw whose count
+    # moved less than the previous one's: on a long run, one redraw in two or three)
+    bar = tqdm(total=total, unit="req", desc="simulating", delay=PROGRESS_DELAY_S, mininterval=0.0, miniters=1,
                leave=False, disable=None, file=sys.stderr, dynamic_ncols=True)
     if bar.disable:  # stderr is not a terminal
         env.run()

@@ -84,3 +84,25 @@ def test_run_draws_the_bar_unless_quiet(tmp_path, monkeypatch):
         args = ["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"] + (["--quiet"] if quiet else [])
         assert main(args) == 0
         assert ("simulating:" in terminal.getvalue()) is drawn
+
+
+def test_every_redraw_shows_the_count_however_little_it_moved(monkeypatch):
+    # tqdm's dynamic miniters would skip redraws after a big step (here +100) until the count moved as much
+    # again: the run's last counts (+1 each, long apart) would never show
+    import time
+
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setattr(servesim.progress, "PROGRESS_DELAY_S", 0.0)
+    monkeypatch.setattr(servesim.progress, "REDRAW_S", 0.005)
+    count = [0]
+
+    class SlowEnv:
+        def run(self) -> None:
+            for step in (100, 1, 1, 1):
+                count[0] += step
+                time.sleep(0.1)  # twenty redraw periods: the bar's thread reads every value
+
+    servesim.progress.run_to_end(SlowEnv(), lambda: count[0], 1000, show=True)
+    text = terminal.getvalue()
+    assert all(f"{n}/1000 [" in text for n in (100, 101, 102, 103)), text
