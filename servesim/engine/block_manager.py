@@ -293,17 +293,19 @@ class BlockManager:
         pops -= self.num_uncached
         self.num_uncached = 0
         queue = self.queue
+        popleft, table = queue.popleft, self.hash_to_blocks  # bound once: a loop over blocks (hot path)
         while pops:
             entry = queue[0]
             if type(entry) is QueueSlot:
-                queue.popleft()
+                popleft()
                 if entry.live:
                     block = entry.block
                     block.queue_slot = None
-                    copies = self.hash_to_blocks[block.block_hash]
+                    block_hash = block.block_hash
+                    copies = table[block_hash]
                     copies.remove(block)
                     if not copies:
-                        del self.hash_to_blocks[block.block_hash]
+                        del table[block_hash]
                     pops -= 1
             else:
                 take = min(pops, entry.count)
@@ -337,16 +339,20 @@ class BlockManager:
         j = 0
         if shareable and cap:
             hashes = self._request_hashes(request)
-            table = self.hash_to_blocks
+            get = self.hash_to_blocks.get
+            shared = hit.shared
+            append = shared.append  # locals, not attributes, inside the loop over blocks (hot path)
+            evictable = 0
             for index in range(min(shareable, cap)):
-                copies = table.get(hashes[index])
+                copies = get(hashes[index])
                 if copies is None:
                     break
                 block = copies[0]
-                hit.shared.append(block)
+                append(block)
                 if not block.ref_count:
-                    hit.num_evictable += 1
-            j = len(hit.shared)
+                    evictable += 1
+            hit.num_evictable = evictable
+            j = len(shared)
         if j == shareable and j < cap:
             runs = self.own_runs.get(request)
             if runs:
@@ -399,13 +405,15 @@ class BlockManager:
     def touch(self, request: int, hit: CacheHit) -> None:
         """``request`` takes the blocks of ``hit`` (vLLM ``BlockPool.touch``): reference counts + 1, those
         in the free queue leave it. Call right after its :meth:`lookup`, with nothing in between."""
-        if hit.shared:
-            for block in hit.shared:
-                if not block.ref_count:
+        shared = hit.shared
+        if shared:
+            for block in shared:
+                count = block.ref_count
+                if not count:
                     block.queue_slot.live = False
                     block.queue_slot = None
-                block.ref_count += 1
-            self.held_shared[request] = list(hit.shared)
+                block.ref_count = count + 1
+            self.held_shared[request] = list(shared)
         for own in hit.own:
             run = own.run
             if run.first == own.first and not run.taken:
@@ -434,12 +442,14 @@ class BlockManager:
         if held is None:
             held = self.held_shared[request] = []
         table = self.hash_to_blocks
+        get, keep = table.get, held.append  # bound once: a loop over blocks (hot path)
         for j in range(have, limit):
-            block = CachedBlock(hashes[j])
-            held.append(block)
-            copies = table.get(block.block_hash)
+            block_hash = hashes[j]
+            block = CachedBlock(block_hash)
+            keep(block)
+            copies = get(block_hash)
             if copies is None:
-                table[block.block_hash] = [block]
+                table[block_hash] = [block]
             else:
                 copies.append(block)
         if limit < self.shareable[request]:
@@ -498,12 +508,14 @@ class BlockManager:
             freed += cached - shareable
         held = self.held_shared.pop(request, None) if shareable else None
         if held:
-            queue = self.queue
+            enqueue = self.queue.append  # bound once: a loop over blocks (hot path)
             for block in reversed(held):
-                block.ref_count -= 1
-                if not block.ref_count:
-                    block.queue_slot = QueueSlot(block)
-                    queue.append(block.queue_slot)
+                count = block.ref_count - 1
+                block.ref_count = count
+                if not count:
+                    slot = QueueSlot(block)
+                    block.queue_slot = slot
+                    enqueue(slot)
                     freed += 1
         self.num_free += freed
         return freed
