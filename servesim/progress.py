@@ -55,7 +55,13 @@ def run_to_end(env: simpy.Environment, completed: Callable[[], int], total: int,
 
     def redraw() -> None:
         while not done.wait(REDRAW_S):
-            bar.update(completed() - bar.n)
+            moved = completed() - bar.n
+            if moved:
+                bar.update(moved)
+            elif bar._time() >= bar.start_t + bar.delay:
+                # miniters=1 skips an update(0): a count that has not moved (no request completed yet, or
+                # none for a while) is still redrawn, with its elapsed time, as a sign of life
+                bar.refresh()
 
     thread = threading.Thread(target=redraw, name="servesim-progress", daemon=True)
     thread.start()

@@ -106,3 +106,22 @@ def test_every_redraw_shows_the_count_however_little_it_moved(monkeypatch):
     servesim.progress.run_to_end(SlowEnv(), lambda: count[0], 1000, show=True)
     text = terminal.getvalue()
     assert all(f"{n}/1000 [" in text for n in (100, 101, 102, 103)), text
+
+
+def test_a_count_that_does_not_move_is_still_drawn(monkeypatch):
+    # miniters=1 makes tqdm skip update(0): before any request completes (or while none does) the bar
+    # must still appear after the delay and keep redrawing its elapsed time
+    import time
+
+    terminal = Terminal()
+    monkeypatch.setattr("sys.stderr", terminal)
+    monkeypatch.setattr(servesim.progress, "PROGRESS_DELAY_S", 0.05)
+    monkeypatch.setattr(servesim.progress, "REDRAW_S", 0.01)
+
+    class StalledEnv:
+        def run(self) -> None:
+            time.sleep(0.4)
+
+    servesim.progress.run_to_end(StalledEnv(), lambda: 0, 10, show=True)
+    text = terminal.getvalue()
+    assert text.count("0/10 [") >= 3, text
