@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable
 
 import simpy
@@ -58,11 +59,12 @@ def run_to_end(env: simpy.Environment, completed: Callable[[], int], total: int,
             moved = completed() - bar.n
             if moved:
                 bar.update(moved)
-            elif bar._time() >= bar.start_t + bar.delay:
+            elif time.monotonic() - started >= delay_s:
                 # miniters=1 skips an update(0): a count that has not moved (no request completed yet, or
                 # none for a while) is still redrawn, with its elapsed time, as a sign of life
                 bar.refresh()
 
+    started, delay_s = time.monotonic(), PROGRESS_DELAY_S
     thread = threading.Thread(target=redraw, name="servesim-progress", daemon=True)
     thread.start()
     try:
