@@ -53,3 +53,23 @@ def loads_unique(text: str) -> Any:
         return json.loads(text, object_pairs_hook=unique_json_keys)
     except RecursionError:
         raise JSONTooDeep("collections nested too deeply to read") from None
+
+
+def loads_line(line: str, where: str) -> Any:
+    """One line of a JSON-lines input, parsed by :func:`loads_unique`; its mistakes as one line naming
+    ``where`` (the file and line: ``"PATH: line N"``).
+
+    Raises:
+        TraceError: a key given twice, invalid JSON (also nesting too deep to read or an integer of more
+            digits than ``int()`` converts).
+    """
+    from servesim.errors import TraceError
+
+    try:
+        return loads_unique(line)
+    except DuplicateJSONKey as exc:
+        raise TraceError(f"{where}: key {exc.args[0]!r} given twice (expected each key once)") from None
+    except json.JSONDecodeError as exc:
+        raise TraceError(f"{where}: invalid JSON ({exc.msg})") from None
+    except ValueError as exc:  # too deep, or an integer of more digits than int() converts
+        raise TraceError(f"{where}: invalid JSON ({exc})") from None

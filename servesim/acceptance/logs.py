@@ -43,7 +43,6 @@ length exactly at that ``k`` and extrapolates geometrically (Leviathan et al. 20
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -54,7 +53,7 @@ import numpy as np
 
 from servesim.errors import TraceError
 from servesim.input_files import shown_value
-from servesim.json_objects import DuplicateJSONKey, loads_unique
+from servesim.json_objects import loads_line
 from servesim.speculation.config import MAX_SPEC_LEN
 from servesim.speculation.profile import AcceptanceProfile
 
@@ -461,14 +460,7 @@ def parse_llamacpp(path: str | Path, k: int) -> SpecDecodeCounts:
             if not line.strip():
                 continue
             where = f"{p}: line {no}"
-            try:
-                obj = loads_unique(line)
-            except DuplicateJSONKey as exc:
-                raise TraceError(f"{where}: key {exc.args[0]!r} given twice (expected each key once)") from None
-            except json.JSONDecodeError as exc:
-                raise TraceError(f"{where}: invalid JSON ({exc.msg})") from None
-            except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
-                raise TraceError(f"{where}: invalid JSON ({exc})") from None
+            obj = loads_line(line, where)
             t = _timings_of(obj)
             if t is None or t.get("draft_n") in (None, 0):
                 skipped += 1

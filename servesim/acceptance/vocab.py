@@ -137,25 +137,20 @@ def _special_id(value: Any, table: dict[str, int]) -> int | None:
 
 
 def _read_json(path: Path) -> Any:
-    from servesim.json_objects import DuplicateJSONKey, loads_unique, shown_key
+    from servesim.input_files import not_utf8_message, parse_json
 
     try:
-        return loads_unique(path.read_text(encoding="utf-8").removeprefix("\ufeff"))
-    except DuplicateJSONKey as exc:
-        raise ConfigError(f"{path}: {shown_key(exc.args[0])}: key given twice in one JSON object (expected each "
-                          "key once; JSON readers keep the last value silently)") from None
+        text = path.read_text(encoding="utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as exc:
-        from servesim.input_files import not_utf8_message
-
         raise ConfigError(not_utf8_message(path, exc)) from None
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read file ({exc.strerror})") from None
+    try:
+        return parse_json(text, str(path))  # a key given twice, too deep, an over-long integer: one line
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: line {exc.lineno}: invalid JSON ({exc.msg})") from None
-    except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
-        raise ConfigError(f"{path}: invalid JSON ({exc})") from None
 
 
 def _token_id(value: Any, path: Path, field: str) -> int:

@@ -21,7 +21,6 @@ From serving logs (:mod:`servesim.acceptance.logs` documents the arithmetic):
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from typing import Any
 import yaml
 
 from servesim.errors import ConfigError, TraceError
-from servesim.json_objects import DuplicateJSONKey, loads_unique
+from servesim.json_objects import loads_line
 from servesim.acceptance.ngram import NgramStats, aggregate
 from servesim.speculation.profile import AcceptanceProfile
 
@@ -130,14 +129,7 @@ def read_pairs(path: Path) -> list[tuple[list[Any], list[Any]]]:
     for no, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            row = loads_unique(line)
-        except DuplicateJSONKey as exc:
-            raise TraceError(f"{path}: line {no}: key {exc.args[0]!r} given twice (expected each key once)") from None
-        except json.JSONDecodeError as exc:
-            raise TraceError(f"{path}: line {no}: invalid JSON ({exc.msg})") from None
-        except ValueError as exc:  # an integer of more digits than int() converts (sys.get_int_max_str_digits)
-            raise TraceError(f"{path}: line {no}: invalid JSON ({exc})") from None
+        row = loads_line(line, f"{path}: line {no}")
         if not isinstance(row, dict):
             raise TraceError(f"{path}: line {no}: expected an object with 'prompt' and 'answer'")
         toks = []
