@@ -229,7 +229,7 @@ def elementwise_bytes_per_token(hidden_size: int, q_heads: int, kv_heads: int, h
     return full + rope + act
 
 
-@dataclass
+@dataclass(slots=True)
 class StepTimeModel:
     """Step-time model for one model on one tensor-parallel group, in integer sub-picoseconds.
 

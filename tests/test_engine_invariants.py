@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from engine_helpers import flat_step_model, realistic_step_model, run_engine
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
+from servesim.engine.plain_decoding import PlainDecoding
 from servesim.roofline import PS_PER_S
 
 configs = st.fixed_dictionaries(
@@ -232,28 +233,58 @@ def _kv_limited_engine() -> Engine:
                   kv_blocks_total=5, block_size=16, max_num_seqs=8, max_num_batched_tokens=8192, mode="run")
 
 
+class _StepCountOverride(PlainDecoding):
+    """Plain decoding whose decode-run length comes from ``steps(g, free, real_steps)`` (the strategy's
+    slots leave no instance attribute to patch: a subclass, compiled or interpreted base alike)."""
+
+    __slots__ = ("steps",)
+
+    def _max_decode_steps(self, g, free):
+        return self.steps(g, free, super()._max_decode_steps(g, free))
+
+
+def _with_step_count(engine: Engine, steps) -> Engine:
+    engine.decoding = _StepCountOverride(engine)  # before the first step: the strategy holds no state yet
+    engine.decoding.steps = steps
+    return engine
+
+
 def test_a_plain_decode_run_of_no_steps_is_an_internal_error_not_a_hang():
-    # the guard of PlainDecoding.run: a broken step count (< 1) would loop without advancing the clock.
-    # The strategy's method is overridden on the instance (compiled or interpreted, the run looks it up there)
+    # the guard of PlainDecoding.run: a broken step count (< 1) would loop without advancing the clock
     calls = []
-    engine = _kv_limited_engine()
-    real = engine.decoding._max_decode_steps
 
-    def spy(g, free):
-        calls.append((g, free, real(g, free)))
-        return calls[-1][2]
+    def spy(g, free, real):
+        calls.append((g, free, real))
+        return real
 
-    engine.decoding._max_decode_steps = spy
+    engine = _with_step_count(_kv_limited_engine(), spy)
     env = simpy.Environment()
     env.process(engine.process(env))
     env.run()
     assert calls[0] == (1, 2, 16)  # the KV cache limits the first decode run (then preemptions, later runs)
     assert engine.output().steps.num_steps.tolist()[:2] == [1, 16]
 
-    engine = _kv_limited_engine()
-    engine.decoding._max_decode_steps = lambda g, free: 0
+    engine = _with_step_count(_kv_limited_engine(), lambda g, free, real: 0)
     env = simpy.Environment()
     env.process(engine.process(env))
     with pytest.raises(RuntimeError, match=r"^servesim internal error: a decode run of 0 steps from step 1$"):
         env.run()
     assert engine.now == 10 * 10**9  # the prefill step's 10 ms (ps): the failed run advanced nothing
+
+
+def test_the_hot_state_objects_keep_their_attributes_in_slots():
+    # the engine, its strategies, block manager, step-time and drafter models and arrival source hold their
+    # state in __slots__ (no instance dict: the per-step code finds each attribute without a dict lookup); a
+    # new attribute must be declared there, and assigning an undeclared one fails at once
+    from servesim.engine.block_manager import BlockManager
+    from servesim.engine.speculative_decoding import SpeculativeDecoding
+    from servesim.roofline import StepTimeModel
+    from servesim.speculation.costs import DrafterCost
+
+    engine = _kv_limited_engine()
+    for obj in (engine, engine.decoding, engine.kv, engine.step_time, engine.arrivals):
+        assert not hasattr(obj, "__dict__"), type(obj).__name__
+    for cls in (Engine, PlainDecoding, SpeculativeDecoding, BlockManager, StepTimeModel, DrafterCost, ArrivalSource):
+        assert "__dict__" not in dir(cls) and cls.__slots__, cls.__name__
+    with pytest.raises(AttributeError):
+        engine.undeclared_state = 1

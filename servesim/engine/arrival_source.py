@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
-@dataclass
+@dataclass(slots=True)
 class ArrivalSource:
     """Arrival times of requests ``0..N-1`` (integer ps), released in time order.
 

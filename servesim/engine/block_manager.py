@@ -261,6 +261,12 @@ class BlockManager:
         num_free: free blocks (uncached + cached in the queue) as of the last :meth:`sync`.
     """
 
+    # slots: read on every admission and step (see Engine.__slots__)
+    __slots__ = (
+        "block_size", "content", "enabled", "hash_to_blocks", "hashes", "held_shared", "lagging", "num_free",
+        "num_uncached", "own_runs", "queue", "shareable", "use_eagle", "__weakref__",
+    )
+
     def __init__(self, num_gpu_blocks: int, block_size: int, enable_prefix_caching: bool, content=None,
                  use_eagle: bool = False) -> None:
         self.block_size = int(block_size)

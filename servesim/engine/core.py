@@ -139,6 +139,23 @@ class Engine:
             exceeds the cache), or a setting is out of range.
     """
 
+    # slots, not an instance dict: the step code reads these attributes millions of times a run, and
+    # a slot is found without a dict lookup (compiled code does not get the interpreter's attribute caches)
+    __slots__ = (
+        "_arrived", "aggregated_at_step", "arrival_ps", "arrivals", "async_scheduling", "block_size", "clock_subps",
+        "closed_runs", "context_cap", "decode_ready", "decoding", "draft_slots", "emitted_tokens",
+        "enable_chunked_prefill", "explicit_steps_left", "extra_itl", "fallback_stretch", "finish_heap",
+        "finish_ps", "finish_step", "finished", "finished_output", "finishing", "first_scheduled_ps",
+        "first_token_ps", "free_blocks", "k_next", "kv", "kv_cached_tokens", "kv_late", "kv_output_tokens",
+        "kv_runs", "kv_safe_ps", "kv_token_cap", "kv_windows", "last_emit_ps", "lookahead_slots", "max_model_len",
+        "max_num_batched_tokens", "max_num_seqs", "max_time_ps", "mode", "multi_partial", "now", "num_blocks",
+        "num_cached_tokens", "num_computed", "num_generated", "num_preemptions", "num_requests",
+        "num_unsure_finishing", "output_cached", "output_tokens", "partial", "prefill_lookahead",
+        "prefix_cache_stats", "prefix_caching", "prompt_tokens", "rejected_at_step", "rejected_drafts",
+        "reprefill_tokens", "row_log", "rows", "run_records", "running", "stale", "step_index", "step_time",
+        "total_blocks", "tracer", "waiting", "__weakref__",
+    )
+
     #: Longest stretch of steps (after a fallback) kept on per-request state before rebuilding the aggregate.
     MAX_FALLBACK_STRETCH = 32
 

@@ -23,6 +23,13 @@ class PlainDecoding:
         engine: the :class:`~servesim.engine.core.Engine` whose decoders this keeps.
     """
 
+    # slots: read on every step and join (see Engine.__slots__)
+    __slots__ = (
+        "block_size", "blocks_at_join", "context_base", "context_base_sum", "decode_subps_per_token", "engine",
+        "engine_ref", "generated_at_join", "joined_at", "k", "num_decoders", "per_residue", "per_residue_twice",
+        "run_terms", "speculative", "stale_joins", "variable_width", "__weakref__",
+    )
+
     draft_slots = 0
     prefill_lookahead = 0
     lookahead_slots = 0

@@ -63,7 +63,7 @@ from servesim.speculation.costs import DrafterCost
 from servesim.speculation.schedule import KSchedule
 
 
-@dataclass
+@dataclass(slots=True)
 class SpecSetup:
     """What the engine needs to speculate.
 
@@ -214,6 +214,18 @@ class SpeculativeDecoding:
     Raises:
         ValueError: a request's largest one-step KV need exceeds the whole cache (:meth:`check_peak_fits`).
     """
+
+    # slots: read on every step and join (see Engine.__slots__)
+    __slots__ = (
+        "acceptance_tables", "accepted_per_pos", "base_by_tokens", "capacity", "context_cap", "draft_budget_limit",
+        "draft_limit", "draft_slots", "emitted_blocks", "engine", "engine_ref", "fixed_rates", "fixed_segments",
+        "fixed_table", "initial_k", "k", "known_at_join", "kv_token_cap", "lookahead_slots",
+        "mean_acceptance_length", "num_accepted_tokens", "num_decoders", "num_draft_tokens", "num_drafts",
+        "num_speculative_tokens", "prefill_lookahead", "round_offset", "rounds_done", "run_terms", "segments",
+        "spec", "static_k", "step_base", "step_computed", "step_new_blocks", "step_token_context",
+        "step_token_pairs", "step_tokens", "table_segments", "timelines", "use_eagle", "variable_width",
+        "verify_widths", "__weakref__",
+    )
 
     speculative = True
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from servesim.roofline import SUBPS_PER_S, StepTimeModel, build_step_time_model, subps_coefficient
 
 
-@dataclass
+@dataclass(slots=True)
 class DrafterCost:
     """Per-step drafting time (integer 2^-16 ps) and the drafter's memory footprint.
 
