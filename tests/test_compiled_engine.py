@@ -182,3 +182,37 @@ def test_compiled_step_times_equal_the_interpreted_ones_bit_for_bit() -> None:
         results.append(__import__("json").loads(proc.stdout))
     assert results[0].pop("compiled") is True and results[1].pop("compiled") is False
     assert results[0] == results[1]
+
+
+def test_the_extension_types_have_one_field_per_slot() -> None:
+    # setup.py's EXTENSION_TYPES: compiled, each class is an extension type whose attributes are exactly its
+    # source's __slots__ (getset descriptors of its struct's fields); interpreted, the same slots (members)
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    types = next(ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                 and any(isinstance(t, ast.Name) and t.id == "EXTENSION_TYPES" for t in node.targets))
+    assert set(types) <= set(compiled.built_modules()) or not compiled.built_modules()
+    code = ("import importlib, json, sys; types = json.loads(sys.argv[1]); out = {}\n"
+            "for module, classes in types.items():\n"
+            "    mod = importlib.import_module(module)\n"
+            "    for name in classes:\n"
+            "        cls = getattr(mod, name)\n"
+            "        out[name] = [list(cls.__slots__), sorted({type(cls.__dict__[s]).__name__ for s in cls.__slots__\n"
+            "                                                 if s != '__weakref__'})]\n"
+            "print(json.dumps(out))")
+    expected = {"getset_descriptor"} if compiled.built_modules() else {"member_descriptor"}
+    for pure, kinds in ((False, expected), (True, {"member_descriptor"})):
+        env = {key: value for key, value in os.environ.items() if key != compiled.PURE_PYTHON_VAR}
+        if pure:
+            env[compiled.PURE_PYTHON_VAR] = "1"
+        import json
+
+        proc = subprocess.run([sys.executable, "-c", code, json.dumps(types)], capture_output=True, text=True,
+                              env=env)
+        assert proc.returncode == 0, proc.stderr
+        found = json.loads(proc.stdout)
+        assert sorted(found) == sorted(name for classes in types.values() for name in classes)
+        for name, (slots, descriptor_kinds) in found.items():
+            assert slots and "__weakref__" in slots, name
+            assert set(descriptor_kinds) == kinds, (name, pure, descriptor_kinds)

@@ -261,7 +261,8 @@ class BlockManager:
         num_free: free blocks (uncached + cached in the queue) as of the last :meth:`sync`.
     """
 
-    # slots: read on every admission and step (see Engine.__slots__)
+    # the whole state, as slots: read on every admission and step (see Engine.__slots__; compiled, an
+    # extension type)
     __slots__ = (
         "block_size", "content", "enabled", "hash_to_blocks", "hashes", "held_shared", "lagging", "num_free",
         "num_uncached", "own_runs", "queue", "shareable", "use_eagle", "__weakref__",

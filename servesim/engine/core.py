@@ -139,8 +139,9 @@ class Engine:
             exceeds the cache), or a setting is out of range.
     """
 
-    # slots, not an instance dict: the step code reads these attributes millions of times a run, and
-    # a slot is found without a dict lookup (compiled code does not get the interpreter's attribute caches)
+    # the whole state, as slots (no instance dict): the step code reads these attributes millions of times a
+    # run. The compiled build makes the class an extension type with one Python-object field per slot
+    # (setup.py EXTENSION_TYPES), which its own methods read at a fixed offset; a new attribute goes here
     __slots__ = (
         "_arrived", "aggregated_at_step", "arrival_ps", "arrivals", "async_scheduling", "block_size", "clock_subps",
         "closed_runs", "context_cap", "decode_ready", "decoding", "draft_slots", "emitted_tokens",

@@ -23,7 +23,8 @@ class PlainDecoding:
         engine: the :class:`~servesim.engine.core.Engine` whose decoders this keeps.
     """
 
-    # slots: read on every step and join (see Engine.__slots__)
+    # the whole state, as slots: read on every step and join (see Engine.__slots__; compiled, an
+    # extension type)
     __slots__ = (
         "block_size", "blocks_at_join", "context_base", "context_base_sum", "decode_subps_per_token", "engine",
         "engine_ref", "generated_at_join", "joined_at", "k", "num_decoders", "per_residue", "per_residue_twice",

@@ -215,7 +215,8 @@ class SpeculativeDecoding:
         ValueError: a request's largest one-step KV need exceeds the whole cache (:meth:`check_peak_fits`).
     """
 
-    # slots: read on every step and join (see Engine.__slots__)
+    # the whole state, as slots: read on every step and join (see Engine.__slots__; compiled, an
+    # extension type)
     __slots__ = (
         "acceptance_tables", "accepted_per_pos", "base_by_tokens", "capacity", "context_cap", "draft_budget_limit",
         "draft_limit", "draft_slots", "emitted_blocks", "engine", "engine_ref", "fixed_rates", "fixed_segments",
