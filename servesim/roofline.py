@@ -496,12 +496,15 @@ def build_step_time_model(
             return (_lb(num_tokens) + _lm) / _bw
 
         fixed = ew_fixed + ar_fixed + n_gemm * launch
+        # without routed experts a pass reads the same weight bytes at every token count (weight_bytes_read)
+        same_bytes = linear_bytes(1) if not model.num_experts else None
 
         def context_free_s(num_tokens, num_logits):
             # gemm_time_s and elementwise_time_s with the card's fields read once (the same arithmetic)
             t = overhead
             if num_tokens:
-                t += smooth_max(linear_bytes(num_tokens) * inv_bw, f_lin * num_tokens * inv_peak, p)
+                read = same_bytes if same_bytes is not None else linear_bytes(num_tokens)
+                t += smooth_max(read * inv_bw, f_lin * num_tokens * inv_peak, p)
                 t += fixed + per_token * num_tokens
             if num_logits and (w_lm or f_lm):
                 t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits

@@ -467,6 +467,8 @@ class SpeculativeDecoding:
     def k_for_next_step(self, batch_size: int) -> int:
         """Drafts to propose in this step for the next one: the schedule's k for this step's batch size,
         or 0 when V0's ``disable_by_batch_size`` turns speculation off (running requests >= threshold)."""
+        if self.static_k is not None:  # neither a schedule nor a threshold: always K
+            return self.static_k
         threshold = self.spec.disable_by_batch_size
         if threshold is not None and len(self.engine.running) >= threshold:
             return 0
