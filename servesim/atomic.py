@@ -196,6 +196,47 @@ def replacing_outputs(folder: str | Path, names: tuple[str, ...] | list[str], *,
         raise
 
 
+@contextmanager
+def output_folder_lock(path: str | Path, option: str = "--out") -> Iterator[None]:
+    """Hold an exclusive advisory lock on the output folder ``path`` while the block writes a command's
+    results there, so that a second servesim command given the same folder is refused at once instead of
+    interleaving its files with the first one's (a folder holding one run's ``requests.csv`` beside another
+    run's ``summary.json``). The lock is ``flock`` on the folder itself: nothing is written into it, and the
+    kernel releases it when the process ends, also when it is killed. The folder is created if missing (as
+    the command would); a path that cannot be a folder, or a system without ``flock``, takes no lock and is
+    left to the command to report.
+
+    Raises:
+        OutputFolderRefused: another process holds the folder's lock (nothing in it is touched).
+    """
+    from servesim.errors import OutputFolderRefused
+
+    try:
+        import fcntl
+    except ImportError:  # no flock (Windows): no lock
+        fcntl = None
+    fd = None
+    if fcntl is not None and str(path).strip():
+        try:
+            Path(path).mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:  # a file, a folder that cannot be created or read: the command says which
+            fd = None
+    try:
+        if fd is not None:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise OutputFolderRefused(f"{option}: {path} is in use by another servesim command, still "
+                                          "running; wait for it to finish or give another folder") from None
+            except OSError:  # a filesystem without flock (some network mounts): no lock
+                pass
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
 def write_text_output(path: str | Path, text: str) -> None:
     """Write a command's output file atomically (folders created).
 

@@ -332,3 +332,59 @@ def test_a_run_whose_trace_is_one_of_its_outputs_is_refused_and_the_trace_kept(t
                                        "writes its requests.csv there: give another --out folder\n")
     assert trace.read_text() == text
     assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 0
+
+
+@pytest.mark.parametrize("command", ["capacity", "tune-k", "sweep", "run"])
+def test_an_out_folder_in_use_by_another_command_is_refused_untouched(tmp_path, capsys, command):
+    # another servesim command still writing into --out holds the folder's lock: this one is refused at
+    # once, before it removes or writes anything (two commands' files would otherwise interleave)
+    from servesim.atomic import output_folder_lock
+
+    out = tmp_path / "out"
+    _earlier_outputs(out, command)
+    with output_folder_lock(out):
+        assert main(_argv(tmp_path, command, "--out", str(out))) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {out} is in use by another servesim command, "
+                                       "still running; wait for it to finish or give another folder\n")
+    assert sorted(p.name for p in out.iterdir()) == sorted(EARLIER_OUTPUTS[command] + ["notes.txt", "points"])
+    assert all((out / name).read_text() == "an earlier run\n" for name in EARLIER_OUTPUTS[command])
+    # the refused command took no lock of its own: the folder is free once the holder lets go
+    with output_folder_lock(out):
+        pass
+
+
+def test_a_run_into_a_folder_whose_lock_was_released_writes_its_results(tmp_path, capsys):
+    from servesim.atomic import output_folder_lock
+
+    out = tmp_path / "out"
+    with output_folder_lock(out):
+        pass
+    assert main(_argv(tmp_path, "run", "--out", str(out), "--quiet")) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["requests.csv", "steps.csv", "summary.json"]
+
+
+def test_the_lock_of_a_killed_command_is_released(tmp_path):
+    # flock: the kernel drops a process's locks when it ends, SIGKILL included (nothing stale to clean up)
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "out"
+    code = ("import sys, time; from servesim.atomic import output_folder_lock\n"
+            "with output_folder_lock(sys.argv[1]):\n"
+            "    print('held', flush=True); time.sleep(60)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        from servesim.atomic import output_folder_lock
+        from servesim.errors import OutputFolderRefused
+
+        with pytest.raises(OutputFolderRefused, match="is in use by another servesim command"):
+            with output_folder_lock(out):
+                pass
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    with output_folder_lock(out):  # taken at once
+        pass
+    assert list(out.iterdir()) == []  # the lock wrote nothing into the folder

@@ -262,12 +262,13 @@ def _run_reported(module, args: argparse.Namespace, out: object) -> int:
 
     try:
         own = COMMAND_OUTPUTS.get(args.command, ())
-        if own:
-            check_no_other_results(args.command, out)
-        if args.command == "sweep":
-            own = own + tuple(_sweep_figures(out))  # drawn from the tables a failed sweep removes
-        with _replacing_earlier_outputs(out, own):
-            status = int(module.run(args) or 0)
+        with _output_lock(out if own else None):  # two commands writing into one folder: the second refused
+            if own:
+                check_no_other_results(args.command, out)
+            if args.command == "sweep":
+                own = own + tuple(_sweep_figures(out))  # drawn from the tables a failed sweep removes
+            with _replacing_earlier_outputs(out, own):
+                status = int(module.run(args) or 0)
         if sys.stdout is not None:  # None: started with stdout closed (``>&-``), print() writes nothing
             sys.stdout.flush()  # a closed pipe or a full device is said here, not as a traceback at exit
         return status
@@ -338,6 +339,17 @@ def check_no_other_results(command: str, out: object) -> None:
         if found:
             raise OutputFolderRefused(f"--out: {out} holds the results of `servesim {name}` ({', '.join(found)}); "
                                       f"give `servesim {command}` another folder, or remove them first")
+
+
+def _output_lock(out: object):
+    """:func:`servesim.atomic.output_folder_lock` on ``--out`` (``out``; None or blank: no lock)."""
+    import contextlib
+
+    if out is None or not str(out).strip():
+        return contextlib.nullcontext()
+    from servesim.atomic import output_folder_lock
+
+    return output_folder_lock(out)
 
 
 def _existing_folder(out: object) -> bool:
