@@ -9,7 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
@@ -197,7 +197,8 @@ def replacing_outputs(folder: str | Path, names: tuple[str, ...] | list[str], *,
 
 
 @contextmanager
-def output_folder_lock(path: str | Path, option: str = "--out") -> Iterator[None]:
+def output_folder_lock(path: str | Path, option: str = "--out", on_refused: Callable[[], None] | None = None
+                       ) -> Iterator[None]:
     """Hold an exclusive advisory lock on the output folder ``path`` while the block writes a command's
     results there, so that a second servesim command given the same folder is refused at once instead of
     interleaving its files with the first one's (a folder holding one run's ``requests.csv`` beside another
@@ -205,6 +206,8 @@ def output_folder_lock(path: str | Path, option: str = "--out") -> Iterator[None
     kernel releases it when the process ends, also when it is killed. The folder is created if missing (as
     the command would); a path that cannot be a folder, or a system without ``flock``, takes no lock and is
     left to the command to report.
+
+    ``on_refused`` is called before the refusal is raised.
 
     Raises:
         OutputFolderRefused: another process holds the folder's lock (nothing in it is touched).
@@ -227,6 +230,8 @@ def output_folder_lock(path: str | Path, option: str = "--out") -> Iterator[None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                if on_refused is not None:
+                    on_refused()
                 raise OutputFolderRefused(f"{option}: {path} is in use by another servesim command, still "
                                           "running; wait for it to finish or give another folder") from None
             except OSError:  # a filesystem without flock (some network mounts): no lock

@@ -388,3 +388,17 @@ def test_the_lock_of_a_killed_command_is_released(tmp_path):
     with output_folder_lock(out):  # taken at once
         pass
     assert list(out.iterdir()) == []  # the lock wrote nothing into the folder
+
+
+def test_a_refused_command_leaves_the_folder_the_other_one_created(tmp_path, monkeypatch, capsys):
+    # a race: --out was missing when this command started (it would remove the folders it created on
+    # failure) and another command created and locked it since; the folder is the other's and stays
+    import servesim.cli as cli
+    from servesim.atomic import output_folder_lock
+
+    out = tmp_path / "new" / "out"
+    monkeypatch.setattr(cli, "_missing_folders", lambda _: [out, out.parent])  # as seen at this one's start
+    with output_folder_lock(out):
+        assert main(_argv(tmp_path, "run", "--out", str(out))) == 2
+        assert out.is_dir()
+    assert "is in use by another servesim command" in capsys.readouterr().err

@@ -232,7 +232,7 @@ def _run(module, args: argparse.Namespace) -> int:
     created = _missing_folders(out)
     status = 2  # also when a fault of servesim's raises through
     try:
-        status = _run_reported(module, args, out)
+        status = _run_reported(module, args, out, created)
     finally:
         if status != 0:
             for folder in created:  # the deepest first, each only if empty: a failed sweep's stored runs stay,
@@ -257,12 +257,15 @@ def _missing_folders(out: object) -> list:
     return missing
 
 
-def _run_reported(module, args: argparse.Namespace, out: object) -> int:
+def _run_reported(module, args: argparse.Namespace, out: object, created: list) -> int:
+    """:func:`_run`'s command with its errors reported; ``created``: the ``--out`` folders :func:`_run` removes
+    on failure, emptied when another command holds the folder (which that one may have created)."""
     from servesim.errors import ServesimError
 
     try:
         own = COMMAND_OUTPUTS.get(args.command, ())
-        with _output_lock(out if own else None):  # two commands writing into one folder: the second refused
+        # two commands writing into one folder: the second is refused
+        with _output_lock(out if own else None, on_refused=created.clear):
             if own:
                 check_no_other_results(args.command, out)
             if args.command == "sweep":
@@ -341,7 +344,7 @@ def check_no_other_results(command: str, out: object) -> None:
                                       f"give `servesim {command}` another folder, or remove them first")
 
 
-def _output_lock(out: object):
+def _output_lock(out: object, on_refused=None):
     """:func:`servesim.atomic.output_folder_lock` on ``--out`` (``out``; None or blank: no lock)."""
     import contextlib
 
@@ -349,7 +352,7 @@ def _output_lock(out: object):
         return contextlib.nullcontext()
     from servesim.atomic import output_folder_lock
 
-    return output_folder_lock(out)
+    return output_folder_lock(out, on_refused=on_refused)
 
 
 def _existing_folder(out: object) -> bool:
