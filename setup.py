@@ -110,20 +110,33 @@ class BuildWithData(build_py):
 
 
 def _slots_of(source: Path, class_name: str) -> list[str]:
-    """The names in class ``class_name``'s ``__slots__`` tuple in ``source``.
+    """The names in class ``class_name``'s ``__slots__`` in ``source``: its last assignment in the class body
+    (as Python takes it), a literal tuple or list of strings, or one string (a single slot).
 
     Raises:
-        ValueError: the class or its literal ``__slots__`` tuple is missing.
+        ValueError: the class has no such ``__slots__`` (missing, computed, or not strings), named with the
+            file, the class and :data:`EXTENSION_TYPES`.
     """
     import ast
 
+    expected = (f"{source}: class {class_name} (setup.py EXTENSION_TYPES) needs __slots__ as a literal tuple "
+                "of attribute names")
     for node in ast.parse(source.read_text(encoding="utf-8")).body:
         if isinstance(node, ast.ClassDef) and node.name == class_name:
-            for item in node.body:
-                if (isinstance(item, ast.Assign) and len(item.targets) == 1
-                        and isinstance(item.targets[0], ast.Name) and item.targets[0].id == "__slots__"):
-                    return list(ast.literal_eval(item.value))
-    raise ValueError(f"{source}: class {class_name} has no literal __slots__ tuple (setup.py EXTENSION_TYPES)")
+            values = [item.value for item in node.body if isinstance(item, ast.Assign) and len(item.targets) == 1
+                      and isinstance(item.targets[0], ast.Name) and item.targets[0].id == "__slots__"]
+            if not values:
+                break
+            try:
+                slots = ast.literal_eval(values[-1])
+            except ValueError:
+                raise ValueError(f"{expected} (its __slots__ is computed)") from None
+            if isinstance(slots, str):
+                slots = (slots,)
+            if not isinstance(slots, (tuple, list)) or not all(isinstance(name, str) for name in slots):
+                break
+            return list(slots)
+    raise ValueError(expected)
 
 
 def _declarations() -> None:

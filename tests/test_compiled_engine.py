@@ -216,3 +216,32 @@ def test_the_extension_types_have_one_field_per_slot() -> None:
         for name, (slots, descriptor_kinds) in found.items():
             assert slots, name
             assert set(descriptor_kinds) == kinds, (name, pure, descriptor_kinds)
+
+
+def test_setup_py_reads_a_class_s_slots_as_python_does(tmp_path: Path) -> None:
+    # setup.py's _slots_of (run at build time, without the package): the last __slots__ assignment, one
+    # string as one slot; a computed or non-string __slots__ is refused, naming the file and the class
+    import ast
+
+    tree = ast.parse((ROOT / "setup.py").read_text(encoding="utf-8"))
+    function = next(node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == "_slots_of")
+    namespace: dict = {"Path": Path}
+    exec(compile(ast.Module(body=[function], type_ignores=[]), "setup.py", "exec"), namespace)
+    slots_of = namespace["_slots_of"]
+
+    def source(value: str) -> Path:
+        path = tmp_path / "module.py"
+        path.write_text(f"class Probe:\n    __slots__ = ('first',)\n    __slots__ = {value}\n")
+        return path
+
+    assert slots_of(source('("a", "b")'), "Probe") == ["a", "b"]
+    assert slots_of(source('"value"'), "Probe") == ["value"]
+    assert slots_of(source('["a"]'), "Probe") == ["a"]
+    for value, detail in (('("a",) + ("b",)', " (its __slots__ is computed)"), ("NAMES", " (its __slots__ is computed)"),
+                          ("(1, 2)", "")):
+        with pytest.raises(ValueError) as error:
+            slots_of(source(value), "Probe")
+        assert str(error.value) == (f"{tmp_path / 'module.py'}: class Probe (setup.py EXTENSION_TYPES) needs "
+                                    f"__slots__ as a literal tuple of attribute names{detail}")
+    with pytest.raises(ValueError, match="class Other .* needs __slots__"):
+        slots_of(source('("a",)'), "Other")

@@ -402,3 +402,22 @@ def test_a_refused_command_leaves_the_folder_the_other_one_created(tmp_path, mon
         assert main(_argv(tmp_path, "run", "--out", str(out))) == 2
         assert out.is_dir()
     assert "is in use by another servesim command" in capsys.readouterr().err
+
+
+def test_plot_is_refused_while_a_command_holds_the_sweep_folder(tmp_path, capsys):
+    # a sweep still running into DIR: its tables are not final, and figures drawn from them now would stay
+    # beside the new table (a sweep removes only the figures it found at its start)
+    from servesim.atomic import output_folder_lock
+
+    out = tmp_path / "out"
+    assert main(_argv(tmp_path, "sweep", "--out", str(out), "--no-progress")) == 0
+    before = sorted(p.name for p in out.iterdir())
+    capsys.readouterr()
+    with output_folder_lock(out):
+        assert main(["plot", str(out)]) == 2
+        assert capsys.readouterr().err == (f"servesim: error: DIR: {out} is in use by another servesim command, "
+                                           "still running; wait for it to finish or give another folder\n")
+        assert main(["plot", str(out), "--out", str(tmp_path / "figures")]) == 2
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert main(["plot", str(out)]) == 0  # the lock released: drawn, into DIR also when --out names it
+    assert main(["plot", str(out), "--out", str(out)]) == 0

@@ -264,8 +264,7 @@ def _run_reported(module, args: argparse.Namespace, out: object, created: list) 
 
     try:
         own = COMMAND_OUTPUTS.get(args.command, ())
-        # two commands writing into one folder: the second is refused
-        with _output_lock(out if own else None, on_refused=created.clear):
+        with _output_locks(args, out if own or args.command == "plot" else None, created):
             if own:
                 check_no_other_results(args.command, out)
             if args.command == "sweep":
@@ -344,15 +343,30 @@ def check_no_other_results(command: str, out: object) -> None:
                                       f"give `servesim {command}` another folder, or remove them first")
 
 
-def _output_lock(out: object, on_refused=None):
-    """:func:`servesim.atomic.output_folder_lock` on ``--out`` (``out``; None or blank: no lock)."""
+def _output_locks(args: argparse.Namespace, out: object, created: list):
+    """The folder locks a command holds while it runs (:func:`servesim.atomic.output_folder_lock`): its
+    ``--out`` (``out``; None or blank: none), so that a second command writing into the same folder is
+    refused; for ``plot`` also the sweep folder it reads and by default draws into (an existing one: a
+    running sweep's tables are not final). ``created`` (the folders :func:`_run` removes on failure) is
+    emptied when another command holds ``--out``: the folder is that one's, also if it created it."""
     import contextlib
+    from pathlib import Path
 
-    if out is None or not str(out).strip():
-        return contextlib.nullcontext()
     from servesim.atomic import output_folder_lock
 
-    return output_folder_lock(out, on_refused=on_refused)
+    stack = contextlib.ExitStack()
+    sweep_dir = getattr(args, "dir", None) if args.command == "plot" else None
+    if sweep_dir is not None and Path(sweep_dir).is_dir():
+        stack.enter_context(output_folder_lock(sweep_dir, option="DIR"))
+    if out is not None and str(out).strip():
+        same = sweep_dir is not None and Path(out).is_dir() and Path(out).resolve() == Path(sweep_dir).resolve()
+        if not same:  # (a second lock on one folder in one process would refuse itself)
+            try:
+                stack.enter_context(output_folder_lock(out, on_refused=created.clear))
+            except BaseException:
+                stack.close()
+                raise
+    return stack
 
 
 def _existing_folder(out: object) -> bool:
