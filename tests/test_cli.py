@@ -317,6 +317,30 @@ def test_a_full_stdout_is_one_line(tmp_path):
     assert proc.stderr == "servesim: error: cannot write the output: No space left on device\n"
 
 
+@pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["acceptance", "--help"]])
+def test_help_to_a_full_stdout_is_one_line(argv):
+    # argparse ignores a failed write of its help (status 0, nothing said); servesim's parser does not
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full on this system to write to")
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run([sys.executable, "-m", "servesim", *argv], stdout=full, stderr=subprocess.PIPE,
+                              text=True)
+    assert (proc.returncode, proc.stderr) == (2, "servesim: error: cannot write the output: No space left on device\n")
+    proc = subprocess.run([sys.executable, "-m", "servesim", *argv], capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.startswith("usage: servesim") and proc.stderr == ""
+
+
+def test_help_into_a_closed_pipe_ends_quietly_as_sigpipe_would():
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "servesim", "run", "--help"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()  # before the help is written
+    err = proc.stderr.read().decode()
+    assert proc.wait() == 128 + signal.SIGPIPE
+    assert err == ""
+
+
 def test_a_closed_pipe_ends_quietly_as_sigpipe_would(tmp_path):
     # ``servesim ... | head -1``: the reader goes away; no traceback, the status of a command SIGPIPE ended
     import signal

@@ -130,7 +130,24 @@ class StoreOnce(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
-class CommandParser(argparse.ArgumentParser):
+class ServesimParser(argparse.ArgumentParser):
+    """argparse's parser whose ``--help`` text reaches stdout or fails loudly: argparse's own ignores a
+    failed write (``servesim --help > /dev/full`` said nothing and exited 0); here the error propagates, and
+    :func:`main` says it in one line with status 2."""
+
+    def print_help(self, file=None) -> None:
+        """Write the help text to ``file`` (default stdout).
+
+        Raises:
+            OSError: it cannot be written.
+        """
+        file = sys.stdout if file is None else file
+        if file is not None:
+            file.write(self.format_help())
+            file.flush()
+
+
+class CommandParser(ServesimParser):
     """The parser of a command and of its subcommands (``acceptance ngram``, ...: argparse makes those of a
     parser's own class): single-valued options use :class:`StoreOnce`."""
 
@@ -147,7 +164,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser, dict[str, object]]:
-    parser = argparse.ArgumentParser(
+    parser = ServesimParser(
         prog="servesim",
         description="Simulate an LLM inference server (vLLM-style) and report TTFT, TPOT, ITL, throughput.",
         epilog=_epilog(None),
@@ -195,7 +212,17 @@ def main(argv: list[str] | None = None) -> int:
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         parser, modules = build_parser(argv)
-        args = parser.parse_args(argv)
+        try:
+            args = parser.parse_args(argv)
+        except BrokenPipeError:  # --help into a pipe whose reader went away: quietly, as a command's output
+            _detach_stdout()
+            return 128 + signal.SIGPIPE
+        except OSError as exc:  # --help to a device that cannot take it (ServesimParser.print_help)
+            if exc.errno not in _STORAGE_ERRNOS:
+                raise
+            print(f"servesim: error: cannot write the output: {exc.strerror or exc}", file=sys.stderr)
+            _detach_stdout()  # what is still buffered goes nowhere (the exit's own flush would fail again)
+            return 2
         if _empty_out(argv):  # type=Path would turn '' into '.', the current folder
             print("servesim: error: --out: empty folder name (expected a folder path)", file=sys.stderr)
             return 2
