@@ -147,6 +147,20 @@ class ServesimParser(argparse.ArgumentParser):
             file.flush()
 
 
+class PrintVersion(argparse.Action):
+    """``--version``: argparse's version action, whose write to stdout fails loudly (see :class:`ServesimParser`)."""
+
+    def __init__(self, option_strings, version: str, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+                 help="show program's version number and exit") -> None:
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+        self.version = version
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        sys.stdout.write(self.version + "\n")
+        sys.stdout.flush()
+        parser.exit()
+
+
 class CommandParser(ServesimParser):
     """The parser of a command and of its subcommands (``acceptance ngram``, ...: argparse makes those of a
     parser's own class): single-valued options use :class:`StoreOnce`."""
@@ -172,7 +186,7 @@ def build_parser(argv: list[str] | None = None) -> tuple[argparse.ArgumentParser
     )
     from servesim import __version__
 
-    parser.add_argument("--version", action="version", version=f"servesim {__version__}")
+    parser.add_argument("--version", action=PrintVersion, version=f"servesim {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     sub.required = True
     modules: dict[str, object] = {}
