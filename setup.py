@@ -53,7 +53,8 @@ EXTENSION_TYPES = {
     "servesim.engine.block_manager": ("BlockManager", "CachedBlock", "QueueSlot", "CacheHit", "OwnHit"),
     "servesim.engine.run_records": ("RunRecords",),
 }
-DECLARATIONS = HERE / "build" / "cython" / "declarations"  # the generated .pxd files (Cython's include path)
+CYTHON_BUILD = HERE / "build" / "cython"  # Cython's generated C files (its build_dir, relative to the clone)
+DECLARATIONS = CYTHON_BUILD / "declarations"  # the generated .pxd files (Cython's include path)
 MANIFEST = "_compiled.json"  # servesim.compiled.MANIFEST's file name
 #: servesim.shipped.SHIPPED_FOLDERS and PACKAGE_COPY (setup.py does not import the package it builds): the
 #: data folders of the clone a wheel carries inside the package
@@ -165,7 +166,7 @@ def _write_if_changed(module: str, target: Path, text: str | None) -> None:
     old = target.read_text(encoding="utf-8") if target.is_file() else None
     if old == text:
         return
-    HERE.joinpath("build", "cython", *module.split(".")).with_suffix(".c").unlink(missing_ok=True)
+    CYTHON_BUILD.joinpath(*module.split(".")).with_suffix(".c").unlink(missing_ok=True)
     if text is None:
         target.unlink(missing_ok=True)
         return
@@ -187,8 +188,8 @@ def _extensions() -> list[Extension]:
     # optional: a module that fails to compile (no C compiler) is left interpreted, the install goes on
     extensions = [Extension(name, [str(_source(name).relative_to(HERE))], optional=True) for name in COMPILED]
     _declarations()
-    return cythonize(extensions, compiler_directives=DIRECTIVES, build_dir="build/cython", quiet=True,
-                     include_path=[str(DECLARATIONS)])
+    return cythonize(extensions, compiler_directives=DIRECTIVES, build_dir=str(CYTHON_BUILD.relative_to(HERE)),
+                     quiet=True, include_path=[str(DECLARATIONS)])
 
 
 setup(ext_modules=_extensions(), cmdclass={"build_ext": BuildCompiled, "build_py": BuildWithData})
