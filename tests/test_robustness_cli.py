@@ -348,6 +348,31 @@ def test_full_precision_csv_formats():
     assert np.array_equal(back, y)
 
 
+def test_long_run_times_are_written_as_whole_picoseconds():
+    """Beyond 2**53 ps (9,007 s) a time on the picosecond grid is still written as its whole picoseconds
+    (at most 12 decimals, no exponent) and reads back as the same float64; up to 2**62 ps (4.6e6 s)."""
+    import numpy as np
+
+    from servesim.metrics.csv_text import csv_bytes
+
+    rng = np.random.default_rng(np.random.SeedSequence(18))
+    ps = rng.integers(2**53, 2**62 - 2**20, 4000)
+    x = ps / 1e12  # engine times of a long run: whole picoseconds over 1e12, rounded
+    assert (x > 9007.2).all()
+    text = csv_bytes({"x": x}, full_precision=True).decode().split()[1:]
+    assert np.array_equal(np.array([float(t) for t in text]), x)
+    for value, written in zip(x, text):
+        whole, _, fraction = written.partition(".")
+        assert len(fraction) <= 12 and "e" not in written
+        exact = int(np.rint(value * 1e12))  # the decimal written is exactly these picoseconds
+        assert int(whole) * 10**12 + int(fraction.ljust(12, "0") or 0) == exact
+    assert csv_bytes({"x": np.array([50_000.000_000_001])}, full_precision=True).decode() == \
+        "x\n50000.000000001\n"
+    # at and beyond 2**62 ps the shortest text that reads back is written instead
+    far = np.array([2.0**62 / 1e12 * 1.5])
+    assert csv_bytes({"x": far}, full_precision=True).decode().split()[1] == repr(float(far[0]))
+
+
 # --- item 2: a resumed sweep reuses a run only when its resolved inputs are unchanged ---------------------
 
 def _card_sweep(tmp_path, overhead_s: float, seed: int = 0) -> Path:

@@ -157,7 +157,7 @@ class EmittedBlock:
     Attributes:
         first_request, end_request: the block's requests (``end_request`` excluded).
         first_round: the acceptance-table index of its first request's first round.
-        emitted_before: int32 (or int64) (rounds + 3,), ``C[j + 2]`` = tokens emitted by the block's rounds
+        emitted_before: int64 (rounds + 3,), ``C[j + 2]`` = tokens emitted by the block's rounds
             before its round ``j`` (1 + accepted each) with two leading zeros; strictly increasing from
             index 2 (every round emits at least one token); never written after it is built.
         key: the scalar type of ``emitted_before`` (a ``searchsorted`` key of its own dtype).
@@ -549,7 +549,8 @@ class SpeculativeDecoding:
         :data:`EMITTED_BLOCK_REQUESTS`), if every round verified K drafts: request ``r``'s rounds ``j >=
         j0`` emit ``C[s_r + j + 3] - C[s_r + j0 + 2]`` tokens by round ``j``'s end, ``s_r`` its first round
         in the block. Drops the blocks whose requests have all finished first (nothing joins them again):
-        the sums held follow the requests in flight, not the whole table (4 bytes per output token)."""
+        the sums held follow the requests in flight, not the whole table (8 bytes per table entry, one per
+        output token)."""
         engine = self.engine_ref()
         finish = np.frombuffer(engine.finish_ps, dtype=np.int64)
         for index in [i for i, b in self.emitted_blocks.items() if finish[b.first_request:b.end_request].min() >= 0]:
@@ -560,8 +561,9 @@ class SpeculativeDecoding:
         end_round = self.round_offset[end_request - 1] + engine.output_tokens[end_request - 1]
         table = self.spec.accept_table[first_round:end_round]
         num_rounds = table.shape[0]
-        fits = num_rounds * (self.num_speculative_tokens + 1) < 2**31
-        out = np.zeros(num_rounds + 3, dtype=np.int32 if fits else np.int64)
+        # int64 even where int32 would hold the sums: the join's slices then add to the int64 token counts
+        # and step sums without a conversion (measured: 3.0 against 3.5 us of numpy per join)
+        out = np.zeros(num_rounds + 3, dtype=np.int64)
         for start in range(0, num_rounds, EMITTED_CHUNK):  # in chunks: no temporary as large as the block
             stop = min(start + EMITTED_CHUNK, num_rounds)
             chunk = out[start + 3:stop + 3]

@@ -329,7 +329,12 @@ def _shortest_chars(x: np.ndarray) -> np.ndarray:
 
 
 _PS_PER_S = 10**12
-_PS_LIMIT = float(2**53)  # picosecond counts below this are exact in float64
+#: Picosecond counts written as their decimal up to this bound (about 4.6e6 s; their int64 conversion and
+#: magnitude stay exact). Above 2**53 ps (9,007 s) a float64 time no longer holds every picosecond, but the
+#: rule still holds: ``P = rint(x * 1e12)`` is a whole float, and when ``P / 1e12 == x`` the decimal of
+#: ``P`` picoseconds parses back to ``x`` (both operations correctly rounded), so long runs write their
+#: times the same way, as whole picoseconds.
+_PS_LIMIT = float(2**62)
 
 
 def _exact_float_parts(x: np.ndarray) -> list[np.ndarray]:
