@@ -120,6 +120,8 @@ class Deployment:
     def _drive(self, j: int, engine, clock: _ReplicaClock):
         yield from engine.process(clock)
         self.router.next_run_ps[j] = None
+        if all(t is None for t in self.router.next_run_ps):
+            self.router.close()  # with simulation.max_time_s: what no replica pulled never arrived
 
     @property
     def assignment(self) -> np.ndarray:

@@ -235,6 +235,40 @@ def test_simulate_with_replicas_reports_per_replica_summaries():
     assert result.output.kv_blocks_total == 2 * (result.info["kv_cache_blocks"] - 1)  # without the null blocks
 
 
+@pytest.mark.parametrize("router", ["round_robin", "least_outstanding", "shortest_queue", "prefix_aware"])
+def test_a_run_cut_by_max_time_routes_only_the_requests_that_arrived(router):
+    """simulation.max_time_s with replicas: a request no replica pulled before it stopped had not arrived;
+    it is unrouted (replica -1), as a single engine leaves it unarrived, and the router's and the
+    replicas' counts are those of the arrived requests."""
+    from servesim.api import simulate
+
+    cfg, folder = load_config(CONFIG, {"workload.max_requests": 600, "workload.rate_scale": 2.0,
+                                       "deployment.replicas": 3, "deployment.router": router,
+                                       "simulation.max_time_s": 20.0})
+    result = simulate(cfg, base_dir=folder)
+    summary, requests = result.summary, result.output.requests
+    assign = np.asarray(result.output.request_replica)
+    arrived = ~np.isnan(np.asarray(requests.arrival_s))
+    assert 50 < summary["arrived"] < 400  # the cut left most of the 600 requests unarrived
+    assert np.array_equal(assign >= 0, arrived)  # routed exactly when arrived
+    assert summary["arrived"] == int(arrived.sum())
+    per_replica = summary["router"]["requests_per_replica"]
+    assert per_replica == [int(np.count_nonzero(assign == j)) for j in range(3)]
+    assert sum(per_replica) == summary["arrived"]
+    assert [r["num_requests"] for r in summary["replicas"]] == per_replica
+    assert [r["arrived"] for r in summary["replicas"]] == per_replica
+    if router == "prefix_aware":
+        assert 0 <= summary["router"]["prefix_matched_blocks"] <= summary["router"]["prefix_hashed_blocks"]
+    # the same config without the cut routes every request, and the cut's arrived requests went where the
+    # uncut run sent them (routing decisions at arrival time do not depend on the later cut)
+    whole = simulate(load_config(CONFIG, {"workload.max_requests": 600, "workload.rate_scale": 2.0,
+                                          "deployment.replicas": 3, "deployment.router": router})[0],
+                     base_dir=folder)
+    full_assign = np.asarray(whole.output.request_replica)
+    assert (full_assign >= 0).all()
+    assert np.array_equal(assign[arrived], full_assign[arrived])
+
+
 # ---------------------------------------------------------------- statistics
 def test_replica_ttft_close_to_one_replica_at_a_fraction_of_the_rate():
     """R replicas at rate lam vs one replica at lam / R (Poisson): per-replica mean TTFT within [-12%, +2%].

@@ -210,6 +210,8 @@ class Router:
         prefix_hashed_blocks, prefix_matched_blocks: ``prefix_aware``: prompt blocks hashed over every
             routed request, and how many of them the chosen replica's index held (the router's estimate of
             the prefix-cache hits it steered to; llm-d's EPP records the same match per request).
+        closed: set by :meth:`close` once every replica has ended (``simulation.max_time_s``): nothing is
+            routed after it, and what no replica pulled is not counted as routed.
 
     Raises:
         ValueError: unknown policy, ``num_replicas < 1``, or ``prefix_aware`` without its settings.
@@ -229,6 +231,9 @@ class Router:
         )
         self.prefix_hashed_blocks = 0
         self.prefix_matched_blocks = 0
+        # prefix_aware: each request's matched blocks, to take back what close() un-routes
+        self._prefix_matched_of = [0] * source.num_requests if self.prefix_aware else None
+        self.closed = False
         self.env = env
         self.source = source
         self.num_replicas = int(num_replicas)
@@ -257,6 +262,8 @@ class Router:
         requests in the order their previous ones finished whatever the order the replicas reported
         them in (a replica reports a finish when the step producing it starts, up to a run ahead).
         """
+        if self.closed:
+            return
         finishes = self._finishes
         while finishes and finishes[0][0] <= now_ps:
             self.source.on_finish(heapq.heappop(finishes)[0])
@@ -315,7 +322,26 @@ class Router:
         index.add(best, hashes)
         self.prefix_hashed_blocks += len(hashes)
         self.prefix_matched_blocks += best_matched
+        self._prefix_matched_of[request] = best_matched
         return best
+
+    def close(self) -> None:
+        """Every replica has ended (a run stopped by ``simulation.max_time_s``; at a normal end every
+        request was pulled): the requests routed to a replica that never pulled them had not arrived
+        there when it stopped, so they become unrouted (``assignment`` -1, out of ``routed`` and the
+        ``prefix_aware`` counters), as a single engine leaves the requests after its last step
+        unarrived; later wake-ups route nothing."""
+        self.closed = True
+        cfg = self.prefix_aware
+        for j, inbox in enumerate(self.inbox):
+            for r, _ in inbox:
+                self.assignment[r] = -1
+                self.routed[j] -= 1
+                self._num_routed -= 1
+                if cfg is not None:
+                    self.prefix_hashed_blocks -= len(cfg.prompt_hashes.of(r)) if cfg.prompt_hashes is not None else 0
+                    self.prefix_matched_blocks -= self._prefix_matched_of[r]
+            inbox.clear()
 
     # ------------------------------------------------------------------ wake-ups (URGENT events)
     def _next_event_ps(self) -> int | None:
@@ -325,6 +351,8 @@ class Router:
         return t
 
     def _schedule_wake(self) -> None:
+        if self.closed:
+            return
         t = self._next_event_ps()
         if t is None or (self._scheduled and min(self._scheduled) <= t):
             return  # an earlier wake-up is pending; it schedules the next one after routing
