@@ -176,6 +176,25 @@ def test_the_console_script_ends_the_process_with_main_s_status_and_its_output_c
     assert out.returncode == 0 and "capacity" in out.stdout  # python -m servesim: the same entry point
 
 
+@pytest.mark.parametrize("signum, status, line", [("SIGINT", 130, "servesim: interrupted\n"),
+                                                   ("SIGTERM", 143, "servesim: terminated (SIGTERM)\n")])
+def test_a_second_interrupt_while_the_console_script_ends_is_ignored(tmp_path, signum, status, line):
+    # the command stops at a Ctrl-C (or SIGTERM); the same signal, sent three more times while the process
+    # ends (from an atexit handler, as a key pressed again would land), must not print a traceback
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    before = ("import atexit, os, signal\n"
+              "import servesim.cli.run as command\n"
+              "def interrupted(args):\n"
+              f"    os.kill(os.getpid(), signal.{signum})\n"
+              "    signal.pause()  # the signal arrives: the handler raises\n"
+              "command.run = interrupted\n"
+              "atexit.register(lambda: print('exit went on', flush=True))  # runs last\n"
+              f"atexit.register(lambda: [os.kill(os.getpid(), signal.{signum}) for _ in range(3)])")
+    proc = _console(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot"], before, capture_output=True)
+    assert proc.returncode == status and proc.stderr == line, proc.stderr
+    assert proc.stdout == "exit went on\n"  # the exit went on after the signals: the last handler ran
+
+
 def test_the_console_script_pauses_the_cyclic_collector_for_run_only(tmp_path):
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
     before = "import atexit, gc; atexit.register(lambda: print('collector enabled:', gc.isenabled()))"

@@ -212,6 +212,18 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated()
 
 
+#: Set by :func:`console_main`: the process ends after this command, so once a Ctrl-C or SIGTERM has been
+#: handled, later ones (a key pressed again, a supervisor's repeated signal) are ignored for the exit that
+#: is left, instead of interrupting it with a traceback (``servesim`` called as a function keeps them).
+_CONSOLE_PROCESS = False
+
+
+def _ignore_interrupts() -> None:
+    """Ignore SIGINT and SIGTERM from now on (the console process, after its first interrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``servesim`` console script; returns the exit status.
 
@@ -244,12 +256,15 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # while the command line is parsed; the command's own are _run's
         return _interrupted(exc)
     finally:
-        if in_main_thread and previous is not None:
+        if in_main_thread and previous is not None and signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
             signal.signal(signal.SIGTERM, previous)
 
 
 def _interrupted(exc: KeyboardInterrupt) -> int:
-    """Say in one line on stderr that Ctrl-C or SIGTERM stopped servesim; return the exit status."""
+    """Say in one line on stderr that Ctrl-C or SIGTERM stopped servesim; return the exit status. In the
+    console process, further interrupts are ignored from here on (:data:`_CONSOLE_PROCESS`)."""
+    if _CONSOLE_PROCESS:
+        _ignore_interrupts()
     terminated = isinstance(exc, Terminated)
     print("servesim: terminated (SIGTERM)" if terminated else "servesim: interrupted", file=sys.stderr)
     return 143 if terminated else 130
@@ -454,6 +469,9 @@ def console_main() -> None:
     would find nothing to free (about 15 ms of the Azure run's 0.65 s, README "Performance"). Reference
     counting still frees everything else as usual. The other commands, which can run many simulations in
     one process, keep it.
+
+    After a Ctrl-C or SIGTERM has stopped the command (its one line said, exit status 130 or 143), further
+    ones are ignored while the process ends, so pressing Ctrl-C again never prints a traceback.
     """
     # numpy's OpenBLAS starts a pool of threads at import that spin on the other cores between calls;
     # servesim does no multi-threaded linear algebra (its arrays are integer bookkeeping and small fits),
@@ -464,7 +482,13 @@ def console_main() -> None:
         import gc
 
         gc.disable()
-    exit_process(main())
+    global _CONSOLE_PROCESS
+    _CONSOLE_PROCESS = True
+    try:
+        status = main()
+    except KeyboardInterrupt as exc:  # a second Ctrl-C or SIGTERM while the first was being handled
+        status = _interrupted(exc)
+    exit_process(status)
 
 
 def exit_process(status: int) -> None:
