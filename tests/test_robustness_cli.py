@@ -63,6 +63,18 @@ def test_console_table_columns_stay_apart_at_long_latencies():
     assert len(lines[head]) == len(lines[head + 4])
 
 
+@pytest.mark.parametrize("share, text", [
+    (1.0, "100.0"), (0.0, "0.0"), (0.5, "50.0"), (0.97254, "97.3"), (0.03, "3.0"),
+    (119_997 / 120_000, "99.997"),  # 3 of 120,000 missed: not "100.0"
+    (0.9996, "99.96"), (4e-5, "0.004"), (0.99999999, ">99.9999"), (1e-9, "<0.0001")])
+def test_the_slo_attainment_never_reads_100_or_0_percent_unless_exact(share, text):
+    from servesim.metrics.table import format_summary_table, percent_text
+
+    assert percent_text(share) == text
+    table = format_summary_table({"goodput": 1.0, "slo_attainment": share})
+    assert f"SLO attainment              {text}%" in table.splitlines()
+
+
 # --- item 12: `servesim acceptance ... > profile.yaml` is a valid profile -----------------------------
 
 @pytest.mark.parametrize("argv", [
