@@ -182,11 +182,15 @@ def test_a_second_interrupt_while_the_console_script_ends_is_ignored(tmp_path, s
     # the command stops at a Ctrl-C (or SIGTERM); the same signal, sent three more times while the process
     # ends (from an atexit handler, as a key pressed again would land), must not print a traceback
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
-    before = ("import atexit, os, signal\n"
+    before = ("import atexit, os, signal, time\n"
               "import servesim.cli.run as command\n"
+              "# Ctrl-C as in a terminal: a background job (a CI runner's) starts with SIGINT ignored\n"
+              "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
               "def interrupted(args):\n"
               f"    os.kill(os.getpid(), signal.{signum})\n"
-              "    signal.pause()  # the signal arrives: the handler raises\n"
+              "    for _ in range(1000):  # the handler raises at the next check (within 10 s, else status 99)\n"
+              "        time.sleep(0.01)\n"
+              "    os._exit(99)\n"
               "command.run = interrupted\n"
               "atexit.register(lambda: print('exit went on', flush=True))  # runs last\n"
               f"atexit.register(lambda: [os.kill(os.getpid(), signal.{signum}) for _ in range(3)])")
