@@ -24,6 +24,7 @@ def percent_text(share: float, max_decimals: int = 4) -> str:
     step = 10.0 ** -max_decimals
     return f"<{step:.{max_decimals}f}" if share < 0.5 else f">{100.0 - step:.{max_decimals}f}"
 
+
 def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.2f}"
 
