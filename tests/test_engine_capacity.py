@@ -79,6 +79,27 @@ def test_the_peak_counts_only_the_drafts_the_token_budget_can_verify():
     assert result.output.steps.kv_blocks_used.max() == 64
 
 
+@pytest.mark.parametrize("spec, uncapped", [({"method": "eagle", "num_speculative_tokens": 5}, 1017),
+                                             ({"method": "ngram", "num_speculative_tokens": 8}, 1015)])
+def test_the_peak_is_capped_at_max_model_len_as_vllm_allocates_slots(spec, uncapped):
+    # vLLM's allocate_slots needs slots for min(computed + new + lookahead, max_model_len) tokens: with
+    # max_model_len = 1024, 1000 + 24 tokens can need 1024 slots at most (64 blocks) whatever the drafts
+    # and lookahead (uncapped: 1000 + 24 - 1 + 5 + 5 = 1033 slots, 65 blocks), so 64 blocks serve them
+    for mode in ("run", "step"):
+        cfg = config(spec, 1000, 24, 64, mode)
+        cfg["engine"]["max_model_len"] = 1024
+        result = simulate(cfg)
+        r = result.output.requests
+        assert np.all(r.generated_tokens == 24) and not np.isnan(r.finish_s).any()
+        assert result.output.steps.kv_blocks_used.max() == 64
+    # where the cap does not bind (1000 + 8 tokens: a peak of 1008 - 1 + drafts + lookahead < 1024) the peak
+    # is still checked: 64 blocks against a cache of 63, refused in one line
+    cfg = config(spec, 1000, 8, 63)
+    cfg["engine"]["max_model_len"] = 1024
+    with pytest.raises(ConfigError, match=rf"can need {uncapped} KV slots \(64 blocks of 16 tokens\)"):
+        simulate(cfg)
+
+
 def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
     import yaml
 

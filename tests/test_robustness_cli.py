@@ -634,3 +634,18 @@ def test_the_result_config_holds_the_seed_the_run_used():
     again = simulate(given.config.model_dump(exclude_none=True))
     assert again.summary == given.summary
     assert simulate(cfg, seed=np.random.SeedSequence(3)).config.seed == 0  # a SeedSequence is no config seed
+
+
+def test_sweep_names_the_variant_keys_its_swept_values_replace(tmp_path, capsys):
+    import pandas as pd
+
+    write_yaml(tmp_path / "base.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "sweep.yaml", {
+        "base": "base.yaml", "grid": {"engine.max_num_seqs": [8]}, "baseline": "plain",
+        "variants": {"plain": {}, "small": {"engine": {"max_num_seqs": 2, "max_num_batched_tokens": 1024}}}})
+    assert main(["sweep", str(sweep), "--out", str(tmp_path / "out"), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    assert ("note: variant 'small': engine.max_num_seqs is replaced by the swept values of engine.max_num_seqs"
+            in printed.splitlines())
+    table = pd.read_csv(tmp_path / "out" / "summary.csv")
+    assert list(table["engine.max_num_seqs"]) == [8, 8]  # the swept value, in both variants

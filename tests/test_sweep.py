@@ -217,6 +217,16 @@ def test_seed_is_drawn_from_the_content_keyed_child_sequence(tmp_path):
         # a variant's key inside a swept key was replaced by the swept value: the variants ran alike
         ({"grid": {"workload": [{"type": "poisson"}]}, "variants": {"fast": {"workload.rate": 30}, "slow": {}}},
          "variant 'fast': 'workload.rate' lies inside swept key 'workload', whose swept values replace it"),
+        # the same key as a nested mapping: it was silently replaced (the variants ran alike), and only the
+        # dotted form was refused
+        ({"variants": {"plain": {}, "small": {"engine": {"max_num_seqs": 4}}}},
+         "variant 'small': 'engine.max_num_seqs' lies inside swept key 'engine.max_num_seqs', whose swept "
+         "values replace it (the variant would change nothing)"),
+        ({"variants": {"plain": {}, "deep": {"engine": {"kv": {"x": 1}}, "workload.rate_scale": 3}}},
+         "variant 'deep': 'workload.rate_scale' lies inside swept key 'workload.rate_scale'"),
+        ({"variants": {"plain": {}, "both": {"engine": {"max_num_seqs": 4}, "workload": {"rate_scale": 3}}}},
+         "variant 'both': 'engine.max_num_seqs' lies inside swept key 'engine.max_num_seqs', whose swept values "
+         "replace it, as they replace every key the variant sets (the variant would change nothing)"),
         ({"zip": [{"engine.max_num_batched_tokens": [512, 512], "engine.block_size": [16, 16]}]},
          "zip group 0 lists the values {'engine.max_num_batched_tokens': 512, 'engine.block_size': 16} twice"),
         # one zip group without its list ("zip: Input should be a valid list" named no remedy)
@@ -242,6 +252,17 @@ def test_invalid_sweep_files_give_one_line_config_error(tmp_path, change, needle
         load_sweep(path)
     text = str(exc.value)
     assert "\n" not in text and text.startswith(str(path)) and needle in text
+
+
+def test_a_variant_mapping_partly_replaced_by_swept_keys_is_kept_and_named(tmp_path):
+    # leaves of a variant's mapping outside every swept key apply; those a swept key replaces are named (the
+    # sweep command prints them as notes), not refused, as a whole speculative_config beside a swept k is
+    sweep = dict(FULL_SWEEP, variants={"plain": {}, "small": {"engine": {"max_num_seqs": 4, "block_size": 32}}})
+    config = load_sweep(write_sweep(tmp_path, sweep)).config
+    assert config.variants["small"] == {"engine": {"max_num_seqs": 4, "block_size": 32}}
+    assert config.replaced_variant_leaves() == [
+        "variant 'small': engine.max_num_seqs is replaced by the swept values of engine.max_num_seqs"]
+    assert load_sweep(write_sweep(tmp_path, FULL_SWEEP)).config.replaced_variant_leaves() == []
 
 
 @pytest.mark.parametrize("base, got", [(5, " (got 5)"), (None, " (got None)"), (["a.yaml"], " (got a list)"),

@@ -53,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
         prepare_output_dir(args.out)
     points, runs = count_runs(loaded)
     print(f"sweep: {points:,} point(s) x {loaded.config.replications} replication(s) = {runs:,} run(s)", flush=True)
+    for line in loaded.config.replaced_variant_leaves():  # the rest of those variants applies
+        print(f"note: {line}", flush=True)
     result = run_sweep(
         loaded,
         args.out,

@@ -360,7 +360,9 @@ class SpeculativeDecoding:
         and allocates slots for ``P + g + d + L``: its peak is ``P + O - 1 + w + L`` with ``w`` the widest
         verify (K drafts, or the tree's nodes) capped by the token budget (``w <= M - 1``), and ``w = 0``
         under llama.cpp's draft budget (``d <= O - g - 1``). A (re)prefill needs at most ``P + O - 1 + L``.
-        Without speculation the engine needs ``P + O`` (checked by the engine).
+        Both are capped at ``max_model_len`` when it is set (vLLM ``kv_cache_manager.allocate_slots``
+        allocates slots for at most ``max_model_len`` tokens, lookahead slots included). Without
+        speculation the engine needs ``P + O`` (checked by the engine).
 
         Raises:
             ValueError: one line naming the request, its peak (tokens, blocks) and the settings to change.
@@ -370,6 +372,8 @@ class SpeculativeDecoding:
                                                        engine.max_num_batched_tokens - 1)
         total = np.asarray(engine.prompt_tokens, dtype=np.int64) + np.asarray(engine.output_tokens, dtype=np.int64)
         peak = total - 1 + drafts + self.lookahead_slots
+        if engine.max_model_len is not None:
+            np.minimum(peak, engine.max_model_len, out=peak)
         r = int(np.argmax(peak))
         need = -(-int(peak[r]) // engine.block_size)
         if need > engine.total_blocks:

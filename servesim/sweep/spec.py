@@ -74,6 +74,22 @@ def _check_key(key: str) -> str:
     return key
 
 
+def _swept_key_over(key: str, swept: list[str]) -> str | None:
+    """The swept key that ``key`` equals or lies inside (its values replace it), or None."""
+    return next((other for other in swept if key == other or key.startswith(other + ".")), None)
+
+
+def _leaf_keys(key: str, value: Any) -> list[str]:
+    """The dotted keys of the leaves of ``value`` under ``key`` (none when it is not a non-empty mapping)."""
+    if not isinstance(value, dict):
+        return []
+    leaves = []
+    for sub, inner in value.items():
+        dotted = f"{key}.{sub}"
+        leaves.extend(_leaf_keys(dotted, inner) if isinstance(inner, dict) and inner else [dotted])
+    return leaves
+
+
 class SweepConfig(InputModel):
     """A sweep file, validated.
 
@@ -184,10 +200,20 @@ class SweepConfig(InputModel):
                     raise _invalid(f"swept key {other!r} lies inside swept key {key!r}")
         for name, overrides in self.variants.items():  # the swept values are set after a variant's
             for other in overrides:
-                for key in keys:
-                    if other == key or other.startswith(key + "."):
-                        raise _invalid(f"variant {name!r}: {other!r} lies inside swept key {key!r}, whose swept "
-                                       "values replace it (the variant would change nothing)")
+                swept = _swept_key_over(other, keys)
+                if swept is not None:
+                    raise _invalid(f"variant {name!r}: {other!r} lies inside swept key {swept!r}, whose swept "
+                                   "values replace it (the variant would change nothing)")
+            # a key given as a mapping counts by its leaves (``engine: {max_num_seqs: 4}`` sets
+            # ``engine.max_num_seqs``): refused when the swept values replace every one of them, as the dotted
+            # form is; where only some are replaced (a whole speculative_config beside a swept
+            # num_speculative_tokens) the sweep command says which (replaced_variant_leaves)
+            leaves = [leaf for top, value in overrides.items() for leaf in (_leaf_keys(top, value) or [top])]
+            if leaves and all(_swept_key_over(leaf, keys) is not None for leaf in leaves):
+                swept = _swept_key_over(leaves[0], keys)
+                every = ", as they replace every key the variant sets" if len(leaves) > 1 else ""
+                raise _invalid(f"variant {name!r}: {leaves[0]!r} lies inside swept key {swept!r}, whose swept "
+                               f"values replace it{every} (the variant would change nothing)")
         if self.baseline is not None:
             if self.baseline not in self.variants:
                 raise _invalid(f"baseline {self.baseline!r} is not one of the variants {list(self.variants)}")
@@ -210,6 +236,20 @@ class SweepConfig(InputModel):
             if names.count(name) > 1:
                 raise _invalid(f"column name {name!r} is used twice")
         return self
+
+    def replaced_variant_leaves(self) -> list[str]:
+        """One line per key a variant sets inside one of its mappings that a swept key replaces at every
+        point (the rest of the variant applies), e.g. ``variant 'eagle': speculative_config.num_speculative_tokens
+        is replaced by the swept values of speculative_config.num_speculative_tokens``."""
+        keys = self.swept_keys()
+        lines = []
+        for name, overrides in self.variants.items():
+            for top, value in overrides.items():
+                for leaf in _leaf_keys(top, value):
+                    swept = _swept_key_over(leaf, keys)
+                    if swept is not None:
+                        lines.append(f"variant {name!r}: {leaf} is replaced by the swept values of {swept}")
+        return lines
 
     def swept_keys(self) -> list[str]:
         """Dotted keys of the grid, then of each zip group, in the order written."""
