@@ -79,15 +79,16 @@ def _swept_key_over(key: str, swept: list[str]) -> str | None:
     return next((other for other in swept if key == other or key.startswith(other + ".")), None)
 
 
-def _leaf_keys(key: str, value: Any) -> list[str]:
-    """The dotted keys of the leaves of ``value`` under ``key`` (none when it is not a non-empty mapping)."""
-    if not isinstance(value, dict):
-        return []
-    leaves = []
-    for sub, inner in value.items():
-        dotted = f"{key}.{sub}"
-        leaves.extend(_leaf_keys(dotted, inner) if isinstance(inner, dict) and inner else [dotted])
-    return leaves
+def _keys_set_by(overrides: dict[str, Any]) -> list[str]:
+    """The dotted keys a variant's overrides set (:func:`_set_keys` of each)."""
+    return [leaf for key, value in overrides.items() for leaf in _set_keys(key, value)]
+
+
+def _set_keys(key: str, value: Any) -> list[str]:
+    """The dotted keys a variant's ``key: value`` sets: the leaves of a non-empty mapping, else ``key``."""
+    if not isinstance(value, dict) or not value:
+        return [key]
+    return [leaf for sub, inner in value.items() for leaf in _set_keys(f"{key}.{sub}", inner)]
 
 
 class SweepConfig(InputModel):
@@ -208,7 +209,7 @@ class SweepConfig(InputModel):
             # ``engine.max_num_seqs``): refused when the swept values replace every one of them, as the dotted
             # form is; where only some are replaced (a whole speculative_config beside a swept
             # num_speculative_tokens) the sweep command says which (replaced_variant_leaves)
-            leaves = [leaf for top, value in overrides.items() for leaf in (_leaf_keys(top, value) or [top])]
+            leaves = _keys_set_by(overrides)
             if leaves and all(_swept_key_over(leaf, keys) is not None for leaf in leaves):
                 swept = _swept_key_over(leaves[0], keys)
                 every = ", as they replace every key the variant sets" if len(leaves) > 1 else ""
@@ -243,12 +244,11 @@ class SweepConfig(InputModel):
         is replaced by the swept values of speculative_config.num_speculative_tokens``."""
         keys = self.swept_keys()
         lines = []
-        for name, overrides in self.variants.items():
-            for top, value in overrides.items():
-                for leaf in _leaf_keys(top, value):
-                    swept = _swept_key_over(leaf, keys)
-                    if swept is not None:
-                        lines.append(f"variant {name!r}: {leaf} is replaced by the swept values of {swept}")
+        for name, overrides in self.variants.items():  # (a dotted key a swept key replaces is refused)
+            for leaf in _keys_set_by(overrides):
+                swept = _swept_key_over(leaf, keys)
+                if swept is not None:
+                    lines.append(f"variant {name!r}: {leaf} is replaced by the swept values of {swept}")
         return lines
 
     def swept_keys(self) -> list[str]:
