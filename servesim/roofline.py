@@ -312,7 +312,11 @@ class StepTimeModel:
             num_requests: requests scheduled in the step (R; the engine always passes it, 0 leaves out
                 the per-request term).
         """
-        return (self.base_subps(num_tokens, num_logits, num_requests) + self.kv_subps_per_token * kv_tokens
+        # base_subps inline (the engine's hot path: one call per step; integer sums, so the same value)
+        v = self._base_cache.get((num_tokens, num_logits))
+        if v is None:
+            v = self.tokens_subps(num_tokens, num_logits)
+        return (v + self.request_subps_per_request * num_requests + self.kv_subps_per_token * kv_tokens
                 + self.attn_subps_per_pair * attn_pairs)
 
     def step_s(self, num_tokens: int, num_logits: int, kv_tokens: int, attn_pairs: int, num_requests: int = 0) -> float:
@@ -499,15 +503,30 @@ def build_step_time_model(
         # without routed experts a pass reads the same weight bytes at every token count (weight_bytes_read)
         same_bytes = linear_bytes(1) if not model.num_experts else None
 
+        # the time's part that depends on the tokens alone and the lm_head's part, each memoised by its own
+        # count: the sum is the same floating-point operations in the same order as without the memos, so the
+        # same bits, and a (tokens, logits) pair not seen before (most of a run's mixed steps) costs two
+        # lookups instead of two smooth maxima
+        by_tokens: dict[int, float] = {}
+        by_logits: dict[int, float] = {}
+
         def context_free_s(num_tokens, num_logits):
             # gemm_time_s and elementwise_time_s with the card's fields read once (the same arithmetic)
-            t = overhead
-            if num_tokens:
-                read = same_bytes if same_bytes is not None else linear_bytes(num_tokens)
-                t += smooth_max(read * inv_bw, f_lin * num_tokens * inv_peak, p)
-                t += fixed + per_token * num_tokens
+            t = by_tokens.get(num_tokens)
+            if t is None:
+                t = overhead
+                if num_tokens:
+                    read = same_bytes if same_bytes is not None else linear_bytes(num_tokens)
+                    t += smooth_max(read * inv_bw, f_lin * num_tokens * inv_peak, p)
+                    t += fixed + per_token * num_tokens
+                by_tokens[num_tokens] = t
             if num_logits and (w_lm or f_lm):
-                t += smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch + sampler_per_logit * num_logits
+                lm = by_logits.get(num_logits)
+                if lm is None:
+                    lm = (smooth_max(lm_memory, f_lm * num_logits * inv_peak, p) + launch
+                          + sampler_per_logit * num_logits)
+                    by_logits[num_logits] = lm
+                t += lm
             return t
     else:
         # MoE: the routed experts run in fused MoE kernels (moe_time_s) over the experts the pass touches

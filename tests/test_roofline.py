@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from servesim.cards import load_hardware, load_model
@@ -184,3 +185,21 @@ def test_tensor_parallelism_without_a_scale_up_link_runs_over_the_documented_pci
     readme = (Path(__file__).resolve().parents[1] / "hardware" / "README.md").read_text(encoding="utf-8")
     said = f"{PCIE_LINK_BYTES_PER_S / 1e9:g} GB/s bidirectional (`servesim.roofline.PCIE_LINK_BYTES_PER_S`)"
     assert said in " ".join(readme.split())
+
+
+def test_memoised_step_times_equal_a_fresh_models_bit_for_bit():
+    # context_free_s memoises its tokens-only part and its lm_head part by count (servesim/roofline.py), and
+    # step_subps and DrafterCost.step_subps read their memos inline: every (tokens, logits) pair, asked in
+    # any order of a long-lived model, must give the exact float of a model that never saw another pair
+    hw, m = load_hardware("h100-sxm"), load_model("llama-3.1-8b")
+    pairs = [(tokens, logits) for tokens in (0, 1, 7, 64, 300, 4096) for logits in (0, 1, 4, 64, 256)]
+    rng = np.random.default_rng(np.random.SeedSequence(3))
+    order = [pairs[i % len(pairs)] for i in rng.permutation(2 * len(pairs))]  # each pair twice, shuffled
+    shared = build_step_time_model(hw, m, 1, "calibrated", speculative=True)
+    seen = {pair: shared.context_free_s(*pair) for pair in order}
+    for pair in pairs:
+        fresh = build_step_time_model(hw, m, 1, "calibrated", speculative=True)
+        assert seen[pair] == fresh.context_free_s(*pair), pair
+        assert shared.step_subps(*pair, 1000, 5000, 3) == fresh.step_subps(*pair, 1000, 5000, 3), pair
+        assert shared.step_subps(*pair, 1000, 5000, 3) == (fresh.base_subps(*pair, 3) + fresh.kv_subps_per_token * 1000
+                                                          + fresh.attn_subps_per_pair * 5000)

@@ -1020,8 +1020,7 @@ class Engine:
             heapq.heappop(heap)
             if finish_step[r] != g_last:
                 continue  # stale entry of a preempted decoder
-            sure = decoding.finish_known(r)
-            decoding.leave(r, g_last + 1)
+            sure = decoding.leave_finished(r, g_last + 1)
             self.num_generated[r] = self.output_tokens[r]
             self.last_emit_ps[r] = t1
             self._finish(r, t1, sure)

@@ -200,8 +200,10 @@ class PlainDecoding:
         """(tokens, drafts) aggregated decoder ``r`` schedules from step ``g``: 1 and 0."""
         return 1, 0
 
-    def finish_known(self, r: int) -> bool:
-        """Whether vLLM knew, when it scheduled decoder ``r``'s last step, that it would finish: always."""
+    def leave_finished(self, r: int, g: int) -> bool:
+        """:meth:`leave` for decoder ``r``, whose last token step ``g - 1`` emits; returns whether vLLM knew,
+        when it scheduled that last step, that the request would finish: always."""
+        self.leave(r, g)
         return True
 
     # ------------------------------------------------------------------ runs

@@ -70,7 +70,8 @@ class DrafterCost:
                 v = k * round(self.c * self.target.base_subps(num_requests, num_requests, num_requests))
             else:
                 d = self.draft_model
-                v = (d.base_subps(num_tokens, num_requests, 0) + (k - 1) * d.base_subps(num_requests, num_requests, 0)
+                # base_subps(T, R, 0) is tokens_subps(T, R): no per-request term
+                v = (d.tokens_subps(num_tokens, num_requests) + (k - 1) * d.tokens_subps(num_requests, num_requests)
                      + k * self.pass_overhead_subps)
             self._cache[key] = v
         return v
@@ -79,7 +80,10 @@ class DrafterCost:
         """Drafting time of one step (2^-16 ps); ``ctx_tokens`` = sum of the requests' attended contexts."""
         if k <= 0 or num_requests <= 0:
             return 0
-        return self.const_subps(num_tokens, num_requests, k) + k * self.kv_subps_per_draft_token * ctx_tokens
+        v = self._cache.get((num_tokens, num_requests, k))  # const_subps inline on a hit (one call per step)
+        if v is None:
+            v = self.const_subps(num_tokens, num_requests, k)
+        return v + k * self.kv_subps_per_draft_token * ctx_tokens
 
 
 def head_card(target) -> dict:
