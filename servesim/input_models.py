@@ -38,6 +38,18 @@ _NOT_VALIDATION = frozenset({"metadata", "serialization", "default", "expected"}
 _EXPONENT_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)[eE][+-]?\d+")
 
 
+def number_value(value: Any) -> float | None:
+    """``value`` as the number a float field reads it as, before validation: an int or float (not a bool),
+    or a number in exponent form that YAML 1.1 left a string (``memory_bytes: 80e9``); else None."""
+    if value.__class__ is bool:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value)
+    if value.__class__ is str and _EXPONENT_NUMBER.fullmatch(value.strip()):
+        return float(value)
+    return None
+
+
 def _refuse_bool_for_int(value: Any) -> Any:
     if value.__class__ is bool:
         raise PydanticCustomError("bool_for_int", "expected an integer, got a boolean")

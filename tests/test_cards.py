@@ -357,6 +357,22 @@ def test_vllm_defaults_filled_when_absent() -> None:
     assert card.step_overhead_s == 1.72e-3 and card.allreduce_latency_s == 10e-6
 
 
+def test_vllm_defaults_filled_for_memory_written_in_exponent_form(tmp_path) -> None:
+    # YAML 1.1 reads `memory_bytes: 80e9` (no dot) as a string; the card reads it as the number (README:
+    # a number may be written 1e4), so vLLM's defaults are filled from it as from 8.0e+10
+    card_file = tmp_path / "gpu.yaml"
+    card_file.write_text("name: MyGPU\nvendor: NVIDIA\nmemory_bytes: 80e9\nmemory_bandwidth_bytes_per_s: 3.35e+12\n"
+                         "peak_flops_per_s: {bf16: 9.895e+14}\n")
+    card = load_hardware(str(card_file))
+    assert card.memory_bytes == 80e9
+    assert (card.default_max_num_batched_tokens, card.default_max_num_seqs) == vllm_default_scheduler_limits(
+        "MyGPU", 80e9) == (8192, 1024)
+    for written in ("24e9", "2.4E+10"):  # below vLLM's 70 GiB line: the smaller defaults
+        small = load_hardware({"name": "X", "vendor": "Y", "memory_bytes": written,
+                               "memory_bandwidth_bytes_per_s": 4.8e12, "peak_flops_per_s": {"bf16": 1e15}})
+        assert (small.default_max_num_batched_tokens, small.default_max_num_seqs) == (2048, 256), written
+
+
 def test_step_overhead_calibration_llama_8b_h100() -> None:
     # vLLM PR 16937: Llama-3.1-8B BF16 on one H100 decodes at 133 tok/s at batch 1, i.e. ~7.5 ms per step.
     # The calibrated step: the kernel-profile GEMM shape (weights 4.79 ms at the fitted full bandwidth plus

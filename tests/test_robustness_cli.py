@@ -463,6 +463,34 @@ def test_resume_keys_on_seed_files_and_version(tmp_path, monkeypatch, change):
     assert (same.num_skipped, same.num_run) == (2, 0)
 
 
+def test_resume_reruns_points_whose_default_acceptance_profile_changed(tmp_path, monkeypatch):
+    # a speculative config without `acceptance` reads its method's shipped profile: editing that file must
+    # rerun the stored points as editing a profile the config names does
+    import shutil
+
+    import servesim.speculation.profile as profile_module
+    from servesim.speculation.config import DEFAULT_PROFILES
+    from servesim.sweep.runner import run_sweep
+
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    name = DEFAULT_PROFILES["eagle"]
+    shutil.copy(profile_module.profiles_dir() / f"{name}.yaml", shipped / f"{name}.yaml")
+    monkeypatch.setattr(profile_module, "profiles_dir", lambda: shipped)
+    base = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "workload": SMALL["workload"],
+            "speculative_config": {"method": "eagle", "num_speculative_tokens": 2}}
+    write_yaml(tmp_path / "base.yaml", base)
+    write_yaml(tmp_path / "sweep.yaml", {"base": "base.yaml", "grid": {"engine.max_num_seqs": [8, 16]}, "seed": 1})
+    assert run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", progress=False, simulate=_summary_simulate).num_run == 2
+    same = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", progress=False, simulate=_summary_simulate)
+    assert (same.num_skipped, same.num_run) == (2, 0)
+    edited = shipped / f"{name}.yaml"
+    edited.write_text(edited.read_text() + "\n# edited\n")
+    again = run_sweep(tmp_path / "sweep.yaml", tmp_path / "out", progress=False, simulate=_summary_simulate)
+    assert (again.num_skipped, again.num_run, again.num_stale) == (0, 2, 2)
+    assert again.stale == {f"file {edited.resolve()}": 2}
+
+
 # --- item 10: huge grids are counted, refused without --yes, and expanded lazily ---------------------------
 
 def test_huge_grid_is_counted_and_refused_without_yes(tmp_path, capsys):

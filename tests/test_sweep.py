@@ -385,6 +385,32 @@ def test_another_sweep_file_is_refused_in_a_sweeps_folder(tmp_path, capsys):
     assert list(read_csv(out / "summary.csv")["engine.max_num_seqs"]) == [64, 128]
 
 
+def test_a_folder_with_sweep_outputs_but_no_manifest_is_refused(tmp_path, capsys):
+    """A sweep into a user's folder replaced its summary.csv and deleted its latency_vs_throughput.png."""
+    from servesim.cli import main
+
+    sweep = write_sweep(tmp_path, {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64]}})
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "summary.csv").write_text("my,data\n")
+    (out / "latency_vs_throughput.png").write_bytes(b"png")
+    (out / "notes.txt").write_text("kept\n")
+    with pytest.raises(ConfigError) as info:
+        run_sweep(sweep, out, progress=False, simulate=fake_simulate)
+    assert str(info.value) == (f"--out: {out} holds summary.csv, latency_vs_throughput.png but no sweep.json (not "
+                               f"a sweep's folder); give {sweep} another folder, or remove them first")
+    assert main(["sweep", str(sweep), "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"servesim: error: {info.value}\n"
+    assert sorted(p.name for p in out.iterdir()) == ["latency_vs_throughput.png", "notes.txt", "summary.csv"]
+    assert (out / "summary.csv").read_text() == "my,data\n"
+    # a folder of unrelated files only is a sweep's to write into, as an empty one
+    (out / "summary.csv").unlink()
+    (out / "latency_vs_throughput.png").unlink()
+    run_sweep(sweep, out, progress=False, simulate=fake_simulate)
+    assert (out / "sweep.json").exists() and (out / "notes.txt").read_text() == "kept\n"
+
+
 def test_changed_base_config_reruns_stored_points(tmp_path):
     sweep = {"base": "base.yaml", "grid": {"engine.max_num_seqs": [64, 256]}}
     out = tmp_path / "out"

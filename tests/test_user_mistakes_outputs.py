@@ -23,12 +23,18 @@ EARLIER_OUTPUTS = {
 }
 
 
+_MANIFEST = {"capacity": [], "tune-k": [], "run": [], "sweep": ["sweep.json"]}
+
+
 def _earlier_outputs(out, command):
-    """An --out holding an earlier ``command``'s outputs, a user's own file and (sweep) a stored run."""
+    """An --out holding an earlier ``command``'s outputs, a user's own file and (sweep) a stored run and the
+    sweep's manifest (every sweep writes it first; tables without one are not a sweep's, and refused)."""
     out.mkdir()
     for name in EARLIER_OUTPUTS[command]:
         (out / name).write_text("an earlier run\n")
     (out / "notes.txt").write_text("mine\n")
+    if command == "sweep":
+        (out / "sweep.json").write_text("{}\n")
     (out / "points").mkdir()
     (out / "points" / "abc-r0.json").write_text("{}\n")  # a sweep's stored run: kept, a rerun resumes
 
@@ -57,7 +63,7 @@ def test_a_rerun_with_a_config_mistake_removes_the_earlier_outputs(tmp_path, cap
     assert main(argv) == 2
     assert "engine.max_num_seq: unknown key" in capsys.readouterr().err
     # the earlier tables would look like the results of the command that just failed
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points"]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points"] + _MANIFEST[command]
     assert [p.name for p in (out / "points").iterdir()] == ["abc-r0.json"]
 
 
@@ -75,7 +81,7 @@ def test_ctrl_c_while_the_config_loads_removes_the_earlier_outputs(tmp_path, mon
     _earlier_outputs(out, command)
     assert main(_argv(tmp_path, command, "--out", str(out))) == 130
     assert capsys.readouterr().err == "servesim: interrupted\n"
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points"]
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "points"] + _MANIFEST[command]
 
 
 def test_a_failure_leaves_a_missing_out_missing(tmp_path, capsys):
@@ -92,7 +98,6 @@ def test_a_sweep_rerun_that_fails_its_check_removes_the_figures_drawn_from_its_t
 
     out = tmp_path / "out"
     _earlier_outputs(out, "sweep")
-    (out / "sweep.json").write_text("{}\n")
     figures = [*PLOT_FIGURES, "heatmap_ttft_p99.png", "heatmap_ttft_p99.csv"]
     for name in figures:
         (out / name).write_text("drawn from the earlier table\n")
@@ -346,7 +351,8 @@ def test_an_out_folder_in_use_by_another_command_is_refused_untouched(tmp_path, 
         assert main(_argv(tmp_path, command, "--out", str(out))) == 2
     assert capsys.readouterr().err == (f"servesim: error: --out: {out} is in use by another servesim command, "
                                        "still running; wait for it to finish or give another folder\n")
-    assert sorted(p.name for p in out.iterdir()) == sorted(EARLIER_OUTPUTS[command] + ["notes.txt", "points"])
+    assert sorted(p.name for p in out.iterdir()) == sorted(EARLIER_OUTPUTS[command] + ["notes.txt", "points"]
+                                                           + _MANIFEST[command])
     assert all((out / name).read_text() == "an earlier run\n" for name in EARLIER_OUTPUTS[command])
     # the refused command took no lock of its own: the folder is free once the holder lets go
     with output_folder_lock(out):

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
-from servesim.input_models import InputModel
+from servesim.input_models import InputModel, number_value
 from servesim.errors import ConfigError
 
 #: Compute types a card may list a peak for.
@@ -222,9 +222,9 @@ class HardwareCard(InputModel):
         if isinstance(data, dict) and (
             "default_max_num_batched_tokens" not in data or "default_max_num_seqs" not in data
         ):
-            mem = data.get("memory_bytes")
-            if isinstance(mem, (int, float)) and mem > 0:
-                tokens, seqs = vllm_default_scheduler_limits(str(data.get("name", "")), float(mem))
+            mem = number_value(data.get("memory_bytes"))  # 80e9 is a string to YAML 1.1, a number to the card
+            if mem is not None and mem > 0:
+                tokens, seqs = vllm_default_scheduler_limits(str(data.get("name", "")), mem)
                 data = {
                     "default_max_num_batched_tokens": tokens,
                     "default_max_num_seqs": seqs,

@@ -13,7 +13,8 @@ distribution's CSV), the run's seed (derived from the sweep's root ``seed``) and
 * ``cards_sha256``: SHA-256 of the hardware and model cards as loaded (their validated contents, so an
   edited card file changes it whether it is named or given by path);
 * ``files``: resolved path -> SHA-256 of the bytes of every existing file that a string in the config
-  names (relative to the base config's folder, or a shipped acceptance profile's name).
+  names (relative to the base config's folder, or a shipped acceptance profile's name), and of the shipped
+  profile a speculative config without ``acceptance`` reads (its method's default).
 
 A stored run is reused when its ``inputs_sha256`` equals the current one; otherwise
 :meth:`RunInputs.differences` says what changed.
@@ -115,6 +116,11 @@ class InputResolver:
             found = self._file(text)
             if found is not None:
                 files[found[0]] = found[1]
+        default = _default_profile(config)
+        if default is not None:  # the method's shipped profile, which no string of the config names
+            found = self._file(default)
+            if found is not None:
+                files[found[0]] = found[1]
         return RunInputs(config_digest(config), int(seed), self.version, self._cards_digest(config), files)
 
     def _cards_digest(self, config: dict[str, Any]) -> str:
@@ -135,6 +141,18 @@ class InputResolver:
         if text not in self._files:
             self._files[text] = _hash_named_file(text, self.base_dir)
         return self._files[text]
+
+
+def _default_profile(config: dict[str, Any]) -> str | None:
+    """The name of the shipped acceptance profile a speculative config without ``acceptance`` reads
+    (``servesim.speculation.config.DEFAULT_PROFILES``, by method), or None."""
+    spec = config.get("speculative_config")
+    if not isinstance(spec, dict) or spec.get("acceptance") is not None:
+        return None
+    from servesim.speculation.config import DEFAULT_PROFILES
+
+    method = spec.get("method")
+    return DEFAULT_PROFILES.get(method) if isinstance(method, str) else None
 
 
 def _strings(value: Any):

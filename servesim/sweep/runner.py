@@ -174,13 +174,26 @@ def check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
     changed grid of the same sweep file resumes as usual (changed points run again), and a sweep given in
     Python (a :class:`SweepConfig`, source ``"sweep"``) is not checked.
 
+    A folder without ``sweep.json`` (every sweep writes it before its first run) that holds files of a
+    sweep's names (its tables, ``failures.csv``, the figures ``servesim plot`` draws) is refused too: they
+    are someone else's, which the sweep would replace or remove.
+
     Raises:
-        OutputFolderRefused: one line naming the folder and both sweeps (nothing in it is touched).
+        OutputFolderRefused: one line naming the folder and both sweeps, or the files found (nothing in it
+            is touched).
     """
+    manifest = out_dir / "sweep.json"
+    if not manifest.exists():
+        found = [name for name in (*SWEEP_TABLES, "failures.csv") if (out_dir / name).exists()]
+        found += plot_figures(out_dir) if out_dir.is_dir() else []
+        if found:
+            raise OutputFolderRefused(f"--out: {out_dir} holds {', '.join(found)} but no sweep.json (not a sweep's "
+                                      f"folder); give {sweep.source} another folder, or remove them first")
+        return
     try:
-        earlier = json.loads((out_dir / "sweep.json").read_text(encoding="utf-8")).get("source")
+        earlier = json.loads(manifest.read_text(encoding="utf-8")).get("source")
     except (OSError, ValueError, AttributeError):
-        return  # no manifest (or not one servesim can read): nothing to protect
+        return  # a manifest servesim cannot read: nothing to protect
     if "sweep" in (earlier, sweep.source):  # a SweepConfig given in Python has no file to tell it by
         return
     if isinstance(earlier, str) and Path(earlier).name != Path(sweep.source).name:
