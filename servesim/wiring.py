@@ -14,7 +14,7 @@ import simpy
 from servesim.config.models import SimConfig
 from servesim.engine.arrival_source import ArrivalSource
 from servesim.engine.core import Engine
-from servesim.engine.kv_cache import kv_cache_blocks
+from servesim.engine.kv_cache import FIT_DEPENDS_ON, kv_cache_blocks
 from servesim.errors import SettingError
 from servesim.roofline import PS_PER_S, SUBPS_PER_S, build_step_time_model
 
@@ -198,40 +198,19 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
             )
         with _setting("speculative_config"):  # a draft model or head card named or given inline
             drafter = build_drafter(spec, hardware, model, tp, cfg.roofline.mode, step_time, folder)
-    blocks = kv_cache_blocks(
-        hardware,
-        model,
+    pool = dict(
         tensor_parallel_size=tp,
         block_size=e.block_size,
         gpu_memory_utilization=e.gpu_memory_utilization,
         max_num_batched_tokens=budget,
         max_num_seqs=seqs,
         activation_reserve=e.activation_reserve_bytes,
-        num_gpu_blocks_override=e.num_gpu_blocks_override,
         extra_weight_bytes_per_gpu=drafter.weight_bytes_per_gpu if drafter else 0.0,
         extra_kv_bytes_per_token_per_gpu=drafter.kv_bytes_per_token_per_gpu if drafter else 0.0,
         extra_name=(f"the draft model {spec.model}" if spec is not None and spec.method == "draft_model"
                     else "the drafter"),
     )
-    longest = step_time.context_free_s(budget, min(seqs, budget))
-    if longest <= MAX_STEP_S:  # the context terms of the longest step too: every block of the cache attended
-        kv_tokens = blocks * e.block_size
-        longest = step_time.step_subps(budget, min(seqs, budget), kv_tokens, budget * kv_tokens, seqs) / SUBPS_PER_S
-        if drafter is not None:
-            k_max = spec.num_speculative_tokens
-            longest += drafter.step_subps(budget, min(seqs, budget), k_max, kv_tokens) / SUBPS_PER_S
-    if not longest <= MAX_STEP_S:  # an inf or absurd step time (the int clock would overflow on it)
-        raise SettingError(
-            f"roofline: a step of max_num_batched_tokens={budget} tokens takes {longest:.3g} s with these step-time "
-            f"settings (step_overhead_s and efficiencies of the hardware card or roofline); servesim's steps take "
-            f"at most {MAX_STEP_S:.3g} s"
-        )
-    max_time = cfg.simulation.max_time_s
-    if max_time is not None and not max_time <= MAX_SIMULATED_S:
-        raise SettingError(f"simulation.max_time_s: expected at most {MAX_SIMULATED_S:.3g} s (~53 days), the "
-                           f"engine's clock (got {max_time:.3g})")
-    rng = np.random.default_rng(child_seed(root, STREAM_WORKLOAD))
-    workload = build_workload(cfg.workload, rng, folder)
+    blocks = kv_cache_blocks(hardware, model, num_gpu_blocks_override=e.num_gpu_blocks_override, **pool)
     model_len = getattr(model, "max_model_len", None)
     if e.max_model_len is not None and model_len is not None and e.max_model_len > model_len:
         # vLLM's ModelConfig refuses a max_model_len beyond the model's (its derived max_model_len)
@@ -240,6 +219,54 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
             f"(the card's max_model_len); vLLM refuses a longer one unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: give "
             f"at most {model_len}, or a model card whose max_model_len the model really supports"
         )
+    context_len = e.max_model_len or model_len
+    if context_len is not None:
+        # vLLM's check_enough_kv_cache_memory (v1/core/kv_cache_utils.py), on the memory before any
+        # num_gpu_blocks_override: one request at max_model_len must fit in the KV cache
+        memory_blocks = blocks if e.num_gpu_blocks_override is None else kv_cache_blocks(hardware, model, **pool)
+        needed_blocks = -(-context_len // e.block_size)
+        if needed_blocks > memory_blocks:
+            block_bytes = (model.kv_bytes_per_token_per_gpu(tp)
+                           + (drafter.kv_bytes_per_token_per_gpu if drafter else 0.0)) * e.block_size
+            raise SettingError(
+                f"engine.max_model_len: to serve at least one request with the model's max seq len "
+                f"({context_len}), {needed_blocks * block_bytes / 2**30:.2f} GiB KV cache is needed, which is larger "
+                f"than the available KV cache memory ({memory_blocks * block_bytes / 2**30:.2f} GiB); based on the "
+                f"available memory, the estimated maximum model length is {memory_blocks * e.block_size} (vLLM "
+                f"refuses to start): raise engine.gpu_memory_utilization or lower engine.max_model_len",
+                depends_on=("engine.max_model_len", *FIT_DEPENDS_ON),
+            )
+    longest = step_time.context_free_s(budget, min(seqs, budget))
+    if not longest <= MAX_STEP_S:  # an inf or absurd step time (the int clock would overflow on it)
+        raise SettingError(
+            f"roofline: a step of max_num_batched_tokens={budget} tokens takes {longest:.3g} s with these step-time "
+            f"settings (step_overhead_s and efficiencies of the hardware card or roofline); servesim's steps take "
+            f"at most {MAX_STEP_S:.3g} s"
+        )
+    # the context terms of the longest step a run can take: every block of the cache attended, but no request
+    # beyond max_model_len (at most max_num_seqs of them), and each scheduled token over at most that many keys
+    context_cap = context_len
+    kv_tokens = blocks * e.block_size
+    keys_per_token = kv_tokens
+    if context_cap is not None:
+        kv_tokens = min(kv_tokens, seqs * context_cap)
+        keys_per_token = min(keys_per_token, context_cap)
+    longest = step_time.step_subps(budget, min(seqs, budget), kv_tokens, budget * keys_per_token, seqs) / SUBPS_PER_S
+    if drafter is not None:
+        longest += drafter.step_subps(budget, min(seqs, budget), spec.num_speculative_tokens, kv_tokens) / SUBPS_PER_S
+    if not longest <= MAX_STEP_S:
+        raise SettingError(
+            f"roofline: a step of max_num_batched_tokens={budget} tokens over {kv_tokens:,} tokens of context (the "
+            f"KV cache's {blocks:,} blocks of {e.block_size} tokens, at most max_num_seqs x max_model_len) takes "
+            f"{longest:.3g} s with these settings (the hardware card's memory_bytes and bandwidths, the "
+            f"efficiencies of the card or roofline); servesim's steps take at most {MAX_STEP_S:.3g} s"
+        )
+    max_time = cfg.simulation.max_time_s
+    if max_time is not None and not max_time <= MAX_SIMULATED_S:
+        raise SettingError(f"simulation.max_time_s: expected at most {MAX_SIMULATED_S:.3g} s (~53 days), the "
+                           f"engine's clock (got {max_time:.3g})")
+    rng = np.random.default_rng(child_seed(root, STREAM_WORKLOAD))
+    workload = build_workload(cfg.workload, rng, folder)
     max_len = e.max_model_len or model_len
     if max_len is not None and len(workload.prompt_tokens):
         lengths = workload.prompt_tokens + workload.output_tokens

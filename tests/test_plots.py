@@ -321,6 +321,36 @@ def test_per_position_acceptance_bars(tmp_path):
     assert drawn["acceptance_rate"].tolist() == pytest.approx([0.7, 0.3]) and drawn["runs"].tolist() == [2, 2]
 
 
+def test_acceptance_bars_are_drawn_per_swept_speculative_setting(tmp_path):
+    """A sweep of two profiles x two k merged all runs into one set of bars: position 1 averaged over every
+    run, positions 2-4 over the k = 4 runs only, bars of no configuration that ran."""
+    from servesim.cli import main
+
+    p1, p2 = "spec_decode.per_position_acceptance_rate.1", "spec_decode.per_position_acceptance_rate.2"
+    rows = []
+    for profile, rates in (("[0.9, 0.5]", (0.9, 0.45)), ("[0.6, 0.3]", (0.6, 0.18))):
+        for k in (1, 2):
+            for rate in (5, 10):  # a swept load: averaged within each setting
+                rows.append({"acceptance": profile, "k": k, "rate": rate, "variant": "default", "replication": 0,
+                             "seed": 0, "point_id": f"{profile}-{k}-{rate}", "output_throughput": 1.0 * rate,
+                             "request_throughput": 1.0, "ttft_s.p99": 0.1, "tpot_s.p50": 0.01,
+                             p1: rates[0] + rate / 1000, p2: rates[1] if k == 2 else None})
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    pd.DataFrame(rows).to_csv(sweep / "summary.csv", index=False)
+    (sweep / "sweep.json").write_text(json.dumps({"columns": {
+        "speculative_config.acceptance": "acceptance", "speculative_config.num_speculative_tokens": "k",
+        "workload.rate": "rate"}}))
+    assert main(["plot", str(sweep)]) == 0
+    drawn = pd.read_csv(sweep / "acceptance.csv")
+    assert drawn["group"].tolist() == ["acceptance=[0.9, 0.5], k=1", "acceptance=[0.9, 0.5], k=2",
+                                       "acceptance=[0.9, 0.5], k=2", "acceptance=[0.6, 0.3], k=1",
+                                       "acceptance=[0.6, 0.3], k=2", "acceptance=[0.6, 0.3], k=2"]
+    assert drawn["position"].tolist() == [1, 1, 2, 1, 1, 2]
+    assert drawn["acceptance_rate"].tolist() == pytest.approx([0.9075, 0.9075, 0.45, 0.6075, 0.6075, 0.18])
+    assert drawn["runs"].tolist() == [2] * 6
+
+
 def test_plot_out_refuses_a_folder_of_other_results(tmp_path, capsys):
     """--out naming a run's (or another sweep's) folder wrote the figures among its files."""
     from servesim.cli import main

@@ -684,6 +684,71 @@ def test_times_beyond_the_engine_clock_are_refused(tmp_path, capsys, override, m
     assert err.startswith(f"servesim: error: {cfg}: {message}") and err.count("\n") == 1, err
 
 
+def test_a_kv_cache_too_small_for_max_model_len_is_refused_as_vllm_does(tmp_path, capsys):
+    # vLLM 0.32's check_enough_kv_cache_memory (v1/core/kv_cache_utils.py) refuses to start when one request at
+    # max_model_len does not fit in the KV cache; servesim ran Llama-3.1-8B on an L4 at 131,072 tokens
+    import re
+
+    from servesim.cards import load_model
+
+    l4 = {**SMALL, "hardware": "l4"}
+    block_gib = load_model("llama-3.1-8b").kv_bytes_per_token_per_gpu(1) * 16 / 2**30
+    cfg, err = refused_run(tmp_path, capsys, config=l4)
+    found = re.search(r"estimated maximum model length is (\d+) ", err)
+    assert found, err
+    blocks = int(found.group(1)) // 16  # the KV cache's blocks (the estimate is a whole number of blocks)
+    assert err == (f"servesim: error: {cfg}: engine.max_model_len: to serve at least one request with the model's "
+                   f"max seq len (131072), {8192 * block_gib:.2f} GiB KV cache is needed, which is larger than the "
+                   f"available KV cache memory ({blocks * block_gib:.2f} GiB); based on the available memory, the "
+                   f"estimated maximum model length is {16 * blocks} (vLLM refuses to start): raise "
+                   "engine.gpu_memory_utilization or lower engine.max_model_len\n")
+    assert 8192 * block_gib == 16.0 and 2048 < blocks < 8192  # 128 KiB of KV per token; the L4 holds ~35k tokens
+    # the boundary: a max_model_len of the whole cache runs, one token more is refused
+    fits = write_yaml(tmp_path / "fits.yaml", {**l4, "engine": {"max_model_len": 16 * blocks}})
+    assert main(["run", str(fits), "--out", str(tmp_path / "fits"), "--no-plot"]) == 0
+    over = write_yaml(tmp_path / "over.yaml", {**l4, "engine": {"max_model_len": 16 * blocks + 1}})
+    assert main(["run", str(over), "--out", str(tmp_path / "over"), "--no-plot"]) == 2
+    # the check reads the memory, not num_gpu_blocks_override (applied after it, as in vLLM)
+    few = write_yaml(tmp_path / "few.yaml", {**SMALL, "engine": {"num_gpu_blocks_override": 4000}})
+    assert main(["run", str(few), "--out", str(tmp_path / "few"), "--no-plot"]) == 0
+    capsys.readouterr()
+    small_l4 = write_yaml(tmp_path / "l4few.yaml", {**l4, "engine": {"num_gpu_blocks_override": 100000}})
+    assert main(["run", str(small_l4), "--out", str(tmp_path / "l4few"), "--no-plot"]) == 2
+    assert "the estimated maximum model length is" in capsys.readouterr().err
+
+
+def _h100_card(**changes) -> dict:
+    """The shipped H100 SXM card as an inline mapping, with ``changes``."""
+    from pathlib import Path
+
+    import yaml
+
+    card = Path(__file__).resolve().parents[1] / "hardware" / "gpus" / "h100-sxm.yaml"
+    return {**yaml.safe_load(card.read_text(encoding="utf-8")), **changes}
+
+
+def test_the_longest_step_attends_over_at_most_max_model_len_per_request(tmp_path, capsys):
+    # a card with 10 TB of memory holds a KV cache of 7e7 tokens: the longest-step check had every scheduled
+    # token attend over all of them (418 s, refused, blaming the step-time settings); no request attends over
+    # more than max_model_len tokens, so the run goes on
+    big = {**SMALL, "hardware": _h100_card(name="H100 10TB", memory_bytes=1.0e13)}
+    cfg = write_yaml(tmp_path / "big.yaml", big)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "big"), "--no-plot"]) == 0
+    capsys.readouterr()
+    # a step whose context terms alone exceed the clock's limit names the KV cache and the card's memory
+    slow = {**SMALL, "hardware": _h100_card(name="H100 slow KV", attention_bandwidth_efficiency=1e-6)}
+    cfg, err = refused_run(tmp_path, capsys, config=slow)
+    import re
+
+    found = re.match(rf"servesim: error: {re.escape(str(cfg))}: roofline: a step of max_num_batched_tokens=8192 "
+                     r"tokens over ([\d,]+) tokens of context \(the KV cache's ([\d,]+) blocks of 16 tokens, ", err)
+    assert found and err.count("\n") == 1, err
+    tokens, blocks = (int(text.replace(",", "")) for text in found.groups())
+    assert tokens == 16 * blocks < 1024 * 131072  # the whole cache: below max_num_seqs x max_model_len here
+    assert ("at most max_num_seqs x max_model_len) takes" in err and "the hardware card's memory_bytes and "
+            "bandwidths" in err and "servesim's steps take at most 70.4 s" in err), err
+
+
 @pytest.mark.parametrize("acceptance, message", [
     ({"alpha": 1.5}, "speculative_config.acceptance.alpha: conditional_acceptance.0: Input should be less than or "
                      "equal to 1 (got 1.5)"),

@@ -217,7 +217,13 @@ def run(args: argparse.Namespace) -> int:
                     print(same_throughput_note(tables.workload_types))
         from servesim.plots.acceptance import acceptance_table, plot_acceptance
 
-        accept = acceptance_table(summary, ["variant"] if summary["variant"].nunique() > 1 else [])
+        # one set of bars per variant and per value of each swept speculative setting (profile, k, method):
+        # the other swept columns (load, limits) leave the rates of a profile as they are, and are averaged
+        accept_cols = [column for key, column in tables.columns.items()
+                       if key.startswith("speculative_config") and summary[column].nunique(dropna=False) > 1]
+        if summary["variant"].nunique() > 1:
+            accept_cols.append("variant")
+        accept = acceptance_table(summary, accept_cols)
         if not accept.empty:
             path = Path(out) / "acceptance.png"
             plot_acceptance(accept, path)

@@ -51,7 +51,8 @@ def plot_acceptance(table: pd.DataFrame, out_png: Path) -> None:
     for i, group in enumerate(groups):
         g = table[table["group"] == group]
         x = g["position"].to_numpy() + (i - (len(groups) - 1) / 2) * width
-        ax.bar(x, g["acceptance_rate"], width=width, label=re.sub(r"^variant=", "", group))
+        label = re.sub(r"(^|, )(variant|speculative_config\.)=?", r"\1", group)  # the legend's short names
+        ax.bar(x, g["acceptance_rate"], width=width, label=label)
     positions = np.sort(table["position"].unique())
     ax.set_xticks(positions)
     ax.set_xlabel("draft position")
