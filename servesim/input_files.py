@@ -111,10 +111,14 @@ def read_text(path: str | Path) -> str:
 
 
 def not_utf8_message(path: str | Path, exc: UnicodeDecodeError) -> str:
-    """One line saying that ``path`` is not UTF-8 text, with the line and byte offset of the first bad byte."""
-    line = exc.object[: exc.start].count(b"\n") + 1 if isinstance(exc.object, bytes) else None
-    where = f" line {line}," if line is not None else ""
-    return (f"{path}:{where} byte {exc.start}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x}); "
+    """One line saying that ``path`` is not UTF-8 text, with the line and column (bytes from the line's start,
+    1-based) of the first bad byte and its value."""
+    data = exc.object
+    if not isinstance(data, (bytes, bytearray)):
+        return f"{path}: not UTF-8 text; save the file as UTF-8"
+    line = data[: exc.start].count(b"\n") + 1
+    column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+    return (f"{path}: line {line}, column {column}: not UTF-8 text (byte 0x{data[exc.start]:02x}); "
             "save the file as UTF-8")
 
 

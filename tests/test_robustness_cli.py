@@ -151,13 +151,28 @@ def _one_line_error(capsys, argv, name):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
-    assert name in err and "not UTF-8" in err and "line 2" in err, err
+    assert name in err and "not UTF-8" in err and "line 2, column " in err and "(byte 0xe9)" in err, err
+    return err
 
 
 def test_non_utf8_run_config(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_bytes(b"name: x\n# " + LATIN1 + b"\n" + yaml.safe_dump(SMALL).encode())
-    _one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")], "c.yaml")
+    err = _one_line_error(capsys, ["run", str(cfg), "--out", str(tmp_path / "o")], "c.yaml")
+    # the column within the line (the byte's offset in the file, 10, was given beside the line number)
+    assert f"{cfg}: line 2, column 6: not UTF-8 text (byte 0xe9); save the file as UTF-8" in err, err
+
+
+def test_non_utf8_trace_names_the_line_and_column(tmp_path, capsys):
+    from servesim.errors import TraceError
+    from servesim.workload import load_trace
+
+    trace = tmp_path / "t.csv"
+    trace.write_bytes(b"TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,1,1\n"
+                      b"2023-11-16 18:15:47.0000000," + LATIN1 + b",1\n")
+    with pytest.raises(TraceError) as info:
+        load_trace(trace)
+    assert str(info.value) == f"{trace}: line 3, column 32: not UTF-8 text (byte 0xe9); save the file as UTF-8"
 
 
 def test_non_utf8_sweep_file(tmp_path, capsys):

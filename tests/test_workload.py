@@ -289,6 +289,35 @@ MALFORMED = [
 ]
 
 
+_HEADER = "TIMESTAMP,ContextTokens,GeneratedTokens\n"
+_ROW = "2023-11-16 18:15:46.6805900"
+
+
+@pytest.mark.parametrize("rows, message", [
+    # numpy read a bare number as a year: requests a year apart ("the last request arrives at 6.32e+07 s")
+    ("0,100,10\n1,100,10\n", "line 2: TIMESTAMP: expected a date and time like '2023-11-16 18:17:03.9799600' "
+                             "(got '0')"),
+    ("1700000000,100,10\n1700000005,100,10\n", "line 2: TIMESTAMP: expected a date and time like "
+                                               "'2023-11-16 18:17:03.9799600' (got '1700000000')"),
+    ("0,1,1\n0,1,1\n", "line 2: TIMESTAMP: expected a date and time like '2023-11-16 18:17:03.9799600' (got '0')"),
+    # int() read 1_000 as 1000, +5 as 5 and other scripts' digits
+    (f"{_ROW},1_000,10\n", "line 2: ContextTokens: expected an integer token count >= 0 (got '1_000')"),
+    (f"{_ROW},10,+5\n", "line 2: GeneratedTokens: expected an integer token count >= 0 (got '+5')"),
+    (f"{_ROW},\u0663,10\n", "line 2: ContextTokens: expected an integer token count >= 0 (got '\u0663')"),
+    # a quoted field across lines was read as one ("4\n4" as 44); an unclosed quote as a short row
+    (f'{_ROW},"4\n4",10\n', "line 2: a quoted field runs on to line 3 (expected one request per line; is a "
+                             "closing quote missing?)"),
+    (f'"{_ROW},4,10\n{_ROW},4,10\n', "line 2: a quoted field runs on to line 4 (expected one request per line; "
+                                     "is a closing quote missing?)"),
+])
+def test_azure_rows_that_are_not_the_formats_are_refused_naming_the_line(tmp_path, rows, message):
+    path = tmp_path / "trace.csv"
+    path.write_text(_HEADER + rows, encoding="utf-8")
+    with pytest.raises(TraceError) as info:
+        load_trace(path)
+    assert str(info.value) == f"{path}: {message}"
+
+
 def test_a_folder_given_as_a_trace_is_said_to_be_one(tmp_path):
     # said "cannot tell the trace format from the extension ''" (a lengths file too)
     from servesim.workload.lengths import EmpiricalPairsConfig

@@ -15,6 +15,7 @@ imported.
 from __future__ import annotations
 
 import csv
+import re
 import warnings
 from pathlib import Path
 
@@ -26,6 +27,8 @@ from servesim.workload.rawtrace import MAX_TOKEN_COUNT, RawTrace, read_trace_tex
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 _EXAMPLE_TIME = "2023-11-16 18:17:03.9799600"
 _NAT = np.iinfo(np.int64).min
+#: A timestamp starts with its date: numpy reads a bare number ("0", "1700000000") as a year
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}(?:[ T]|$)")
 
 
 def read_azure_csv(path: str | Path) -> RawTrace:
@@ -68,7 +71,11 @@ def _strip_offset(s: str) -> str:
 
 
 def _timestamps_ns(strs: list[str]) -> np.ndarray:
-    """Parse timestamps to int64 ns (UTC when offsets are given). Raises ValueError on any bad value."""
+    """Parse timestamps to int64 ns (UTC when offsets are given). Raises ValueError on any bad value (one
+    that does not start with a date ``YYYY-MM-DD`` too: numpy would read a bare number as a year)."""
+    match = _DATE.match
+    if not all(match(s) for s in strs):
+        raise ValueError("a timestamp without a date")
     first_offset = _offset_s(strs[0])
     with warnings.catch_warnings():
         # numpy warns (and guesses) on strings that carry an offset; make that an error here.
@@ -107,6 +114,9 @@ def _parse_fast(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     if len(fields) != nrows * ncol:
         return None
     it, ip, io = (columns.index(c) for c in AZURE_COLUMNS)
+    counts = "".join(fields[ip::ncol]) + "".join(fields[io::ncol])
+    if not (counts.isascii() and counts.isdigit()):  # numpy reads 1_000, +5 and other scripts' digits too
+        return None
     try:
         t_ns = _timestamps_ns(fields[it::ncol])
         prompt = np.array(fields[ip::ncol], dtype=np.int64)
@@ -146,9 +156,14 @@ def _parse_checked(p: Path, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
     outputs: list[int] = []
     naive: bool | None = None
     prev_str = ""
+    last_line = reader.line_num
     try:
         for row in reader:
             n = reader.line_num
+            if n != last_line + 1:  # the csv module joined lines: a quoted field holds a line break
+                raise TraceError(f"{p}: line {last_line + 1}: a quoted field runs on to line {n} (expected one "
+                                 "request per line; is a closing quote missing?)")
+            last_line = n
             if not row or all(not f.strip() for f in row):
                 continue
             if len(row) != ncol:
@@ -198,10 +213,9 @@ def _csv_error(p: Path, line: int, lines: list[str], message: str) -> TraceError
 
 
 def _token_count(p: Path, line: int, column: str, s: str) -> int:
-    try:
-        v = int(s)
-    except ValueError:
-        v = -1
+    digits = s.strip()
+    # ASCII digits only: int() also takes 1_000, +5 and other scripts' digits
+    v = int(digits) if digits.isascii() and digits.isdigit() else -1
     if v < 0:
         raise TraceError(f"{p}: line {line}: {column}: expected an integer token count >= 0 (got {s.strip()!r})")
     if v > MAX_TOKEN_COUNT:

@@ -61,6 +61,7 @@ def read_trace_text(path: Path) -> str:
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
-        line = data[: exc.start].count(b"\n") + 1
-        raise TraceError(f"{path}: line {line}: expected UTF-8 text (byte {exc.start} is not)") from None
+        from servesim.input_files import not_utf8_message
+
+        raise TraceError(not_utf8_message(path, exc)) from None
     return text
