@@ -75,6 +75,24 @@ def test_the_slo_attainment_never_reads_100_or_0_percent_unless_exact(share, tex
     assert f"SLO attainment              {text}%" in table.splitlines()
 
 
+@pytest.mark.parametrize("share, text", [
+    (1.0, "1.000"), (0.0, "0.000"), (0.5, "0.500"), (0.97254, "0.973"),
+    (0.99975, "0.9998"), (0.00025, "0.0003"),  # the capacity table's 1.000 and 0.000 of 4,000 requests
+    (1 - 1e-9, ">0.999999"), (1e-9, "<0.000001")])
+def test_the_capacity_attainment_never_reads_1_or_0_unless_exact(share, text):
+    from types import SimpleNamespace
+
+    from servesim.analysis.capacity import parse_slo
+    from servesim.cli.capacity import format_result
+    from servesim.metrics.table import fraction_text
+
+    assert fraction_text(share) == text
+    ev = SimpleNamespace(rate=10.0, replicas=1, values={"ttft_p99": 0.1}, slo_attainment=share, passed=False)
+    result = SimpleNamespace(slos=[parse_slo("ttft_p99=0.5")], evaluations=[ev], goodput_share=None, mode="replicas",
+                             capacity=None, stopped=None, replications=1)
+    assert f"      0.1 {text:>7} no" in format_result(result, None).splitlines()[1]
+
+
 # --- item 12: `servesim acceptance ... > profile.yaml` is a valid profile -----------------------------
 
 @pytest.mark.parametrize("argv", [

@@ -270,9 +270,53 @@ def test_capacity_names_the_replica_limit_it_reached(tmp_path, capsys):
     # was "no replica count up to the limit serves ...", naming neither the limit nor the option that sets it
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
     assert main(["capacity", str(cfg), "--slo", "ttft_p99=1e-6", "--replicas", "10", "--replications", "1",
-                 "--max-replicas", "3", "--out", str(tmp_path / "o"), "--quiet"]) == 0
-    assert ("no replica count up to 3 (the most tried; raise --max-replicas to look further) serves 10 requests/s"
-            in capsys.readouterr().out.splitlines())
+                 "--max-replicas", "3", "--out", str(tmp_path / "o"), "--quiet"]) == 1  # no answer: status 1
+    out = capsys.readouterr().out.splitlines()
+    assert "no replica count up to 3 (the most tried; raise --max-replicas to look further) serves 10 requests/s" in out
+    assert "        10        1      0.02493   0.000 no" not in out  # attainment 0 reads 0.000 only when exact
+    assert (tmp_path / "o" / "capacity.csv").exists()
+
+
+def test_capacity_refuses_more_replicas_than_it_simulates_before_any_run(tmp_path, capsys):
+    # --max-replicas 5000 ran 1 to 4096 replicas, then stopped on the deployment's limit naming the config's
+    # deployment.replicas, and wrote nothing
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=1e-6", "--replicas", "10", "--max-replicas", "5000",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == ("servesim: error: --max-replicas: expected at most 4,096, the "
+                                                   "most replicas servesim simulates (got 5,000)\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_capacity_stops_at_the_replicas_x_requests_limit_and_keeps_its_work(tmp_path, capsys, monkeypatch):
+    # the 2 x 10^7 replicas x requests limit: the search stops at the most replicas it can simulate and says so
+    import servesim.deployment as deployment
+
+    monkeypatch.setattr(deployment, "MAX_REPLICA_REQUESTS", 5 * SMALL["workload"]["num_requests"])
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=1e-6", "--replicas", "10", "--replications", "1",
+                 "--out", str(tmp_path / "o"), "--quiet"]) == 1
+    out = capsys.readouterr().out.splitlines()
+    n = SMALL["workload"]["num_requests"]
+    assert out[-2] == (f"no replica count up to 5 serves 10 requests/s; the search stopped at 5 replicas, the most "
+                       f"servesim simulates for {n} requests ({5 * n} replicas x requests)")
+    import pandas as pd
+
+    assert pd.read_csv(tmp_path / "o" / "capacity.csv")["replicas"].tolist() == [1, 2, 4, 5]
+
+
+def test_capacity_refuses_a_multi_turn_workload_first_with_max_requests(tmp_path, capsys):
+    # said to give --set workload.num_sessions=N instead, which the search then refused as not open-loop
+    config = {**SMALL, "workload": {"type": "multi_turn", "num_sessions": 4, "rate": 1.0,
+                                    "turns": {"type": "fixed", "value": 2},
+                                    "message_tokens": {"type": "fixed", "value": 50},
+                                    "output_tokens": {"type": "fixed", "value": 20}, "think_time_s": 5}}
+    cfg = write_yaml(tmp_path / "c.yaml", config)
+    for extra in (["--max-requests", "40"], []):
+        assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", *extra, "--out", str(tmp_path / "o")]) == 2
+        assert capsys.readouterr().err == (f"servesim: error: {cfg}: workload.type: capacity search needs an "
+                                           "open-loop workload (trace, poisson or gamma), not multi_turn\n")
 
 
 def test_capacity_shows_small_rates_in_significant_digits():

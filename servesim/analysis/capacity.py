@@ -202,8 +202,9 @@ class CapacityResult:
             mode replicas: ``max_replicas`` failed.
         evaluations: every evaluated point, in evaluation order.
         slos, goodput_share, tolerance, replications: the search's settings.
-        stopped: mode rate, when the search ended at a bound rather than between a passing and a failing
-            rate: why, as words following "the search stopped" (``"after 20 doublings"``); None otherwise.
+        stopped: when the search ended at a bound rather than between a passing and a failing point: why, as
+            words following "the search stopped" (``"after 20 doublings"``; mode replicas: at the most replicas
+            servesim simulates, below ``max_replicas``); None otherwise.
     """
 
     mode: str
@@ -464,18 +465,29 @@ class CapacitySearch:
         """
         if not (target_rate > 0 and math.isfinite(target_rate)):
             raise ConfigError(f"--replicas: expected a positive target rate in requests/s (got {target_rate})")
+        from servesim.deployment import MAX_REPLICA_REQUESTS, MAX_REPLICAS
+
         if max_replicas < 1:
             raise ConfigError(f"--max-replicas: expected >= 1 (got {max_replicas})")
-        fail, ok = 0, None
+        if max_replicas > MAX_REPLICAS:
+            raise ConfigError(f"--max-replicas: expected at most {MAX_REPLICAS:,}, the most replicas servesim "
+                              f"simulates (got {max_replicas:,})")
+        fail, ok, stopped = 0, None, None
         r = 1
+        first = self._evaluate_given(target_rate, "--replicas", r)
+        # every replica is built over the whole workload: at most MAX_REPLICA_REQUESTS replicas x requests
+        most = min(max_replicas, max(MAX_REPLICA_REQUESTS // max(first.num_requests, 1), 1))
         while True:
-            if self._evaluate_given(target_rate, "--replicas", r).passed:
+            if (first if r == 1 else self.evaluate(target_rate, r)).passed:
                 ok = r
                 break
             fail = r
-            if r >= max_replicas:
+            if r >= most:
+                if most < max_replicas:
+                    stopped = (f"at {most:,} replicas, the most servesim simulates for {first.num_requests:,} "
+                               f"requests ({MAX_REPLICA_REQUESTS:,} replicas x requests)")
                 break
-            r = min(2 * r, max_replicas)
+            r = min(2 * r, most)
         if ok is not None:
             while ok - fail > 1:
                 mid = (ok + fail) // 2
@@ -484,7 +496,7 @@ class CapacitySearch:
                 else:
                     fail = mid
         return CapacityResult("replicas", ok, ok is None, list(self.evaluations), self.slos, self.goodput_share, 0.0,
-                              self.replications)
+                              self.replications, stopped if ok is None else None)
 
 
 def capacity_frame(result: CapacityResult):

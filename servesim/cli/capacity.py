@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the search; returns 0 (also when no point passes: that is an answer, printed as such).
+    """Run the search; returns 0 with an answer, 1 when no point passed (no rate, or no replica count, meets
+    the SLOs: printed as such, and the tables and figure are written), as ``tune-k`` does.
 
     Raises:
         ConfigError: invalid config, SLO or option (one line).
@@ -77,16 +78,13 @@ def run(args: argparse.Namespace) -> int:
         if args.max_requests < 1:
             raise ConfigError(f"--max-requests: expected >= 1 (got {args.max_requests})")
         cfg0, _ = load_config(args.config, overrides, set_keys=set_keys(args.overrides))
-        if cfg0.workload.type == "multi_turn":  # its count is of sessions, each of several requests
-            raise ConfigError(f"--max-requests: caps the requests of a trace, poisson or gamma workload; "
-                              f"{args.config}'s multi_turn workload counts sessions: give --set "
-                              "workload.num_sessions=N instead")
+        if cfg0.workload.type not in ("trace", "poisson", "gamma"):  # refused by the search itself, first
+            raise ConfigError(f"{args.config}: workload.type: capacity search needs an open-loop workload (trace, "
+                              f"poisson or gamma), not {cfg0.workload.type}")
         key = "workload.max_requests" if cfg0.workload.type == "trace" else "workload.num_requests"
         replaced = [(key, args.max_requests)]
         if cfg0.workload.type in ("poisson", "gamma"):
             replaced.append(("workload.duration_s", None))
-        if cfg0.workload.type == "closed_loop":  # num_requests replaces requests_per_client
-            replaced.append(("workload.requests_per_client", None))
         # a --set of one of these keys would be replaced silently (the later value wins)
         given = [name for name, _ in replaced for k in set_keys(args.overrides)
                  if k == name or k.startswith(name + ".")]
@@ -96,11 +94,13 @@ def run(args: argparse.Namespace) -> int:
     cfg, folder = load_config(args.config, overrides, set_keys=set_keys(args.overrides))
     out = prepare_output_dir(args.out)  # before the search: an unwritable --out fails at once
 
+    from servesim.metrics.table import fraction_text
+
     def progress(ev) -> None:
         if not args.quiet:
             vals = ", ".join(f"{k} {v:.4g} s" for k, v in ev.values.items())
             print(f"  rate {ev.rate:8.4g} req/s  replicas {ev.replicas:3d}  {vals}  attainment "
-                  f"{ev.slo_attainment:.3f}  {'pass' if ev.passed else 'FAIL'}", flush=True)
+                  f"{fraction_text(ev.slo_attainment)}  {'pass' if ev.passed else 'FAIL'}", flush=True)
 
     with replacing_outputs(out, CAPACITY_OUTPUTS):  # failed or interrupted, searching or writing: no outputs left
         # a setting --set gave that is refused when a run is set up names --set, as `servesim run` does
@@ -118,17 +118,21 @@ def run(args: argparse.Namespace) -> int:
         write_csv(table, out / "slo_attainment.csv")
     print(format_result(result, search))
     print(f"wrote {out / 'capacity.csv'}, {out / 'slo_attainment.csv'}, {out / 'slo_attainment.png'}")
-    return 0
+    return 0 if result.capacity is not None else 1
 
 
 def format_result(result, search) -> str:
-    """A short text table of the evaluated points and the answer."""
+    """A short text table of the evaluated points and the answer (attainment never reads 1.000 or 0.000 unless
+    exact: :func:`~servesim.metrics.table.fraction_text`)."""
+    from servesim.metrics.table import fraction_text
+
     names = [s.name for s in result.slos]
     head = f"{'rate req/s':>11} {'replicas':>8} " + " ".join(f"{n + ' s':>12}" for n in names) + f" {'attain':>7} pass"
     lines = [head]
     for ev in sorted(result.evaluations, key=lambda e: (e.replicas, e.rate)):
         vals = " ".join(f"{ev.values[n]:12.4g}" for n in names)
-        lines.append(f"{ev.rate:11.4g} {ev.replicas:8d} {vals} {ev.slo_attainment:7.3f} {'yes' if ev.passed else 'no'}")
+        lines.append(f"{ev.rate:11.4g} {ev.replicas:8d} {vals} {fraction_text(ev.slo_attainment):>7} "
+                     f"{'yes' if ev.passed else 'no'}")
     targets = ", ".join(f"{s.name} <= {s.target_s:g} s" for s in result.slos)
     share = f", attainment >= {result.goodput_share:g}" if result.goodput_share is not None else ""
     if result.mode == "rate":
@@ -147,9 +151,13 @@ def format_result(result, search) -> str:
     else:
         rate = result.evaluations[0].rate if result.evaluations else float("nan")
         most = max((ev.replicas for ev in result.evaluations), default=0)
-        answer = (f"no replica count up to {most} (the most tried; raise --max-replicas to look further) serves "
-                  f"{rate:.4g} requests/s" if result.capacity is None
-                  else f"fewest replicas for {rate:.4g} requests/s: {result.capacity}")
+        if result.capacity is not None:
+            answer = f"fewest replicas for {rate:.4g} requests/s: {result.capacity}"
+        elif result.stopped:
+            answer = f"no replica count up to {most} serves {rate:.4g} requests/s; the search stopped {result.stopped}"
+        else:
+            answer = (f"no replica count up to {most} (the most tried; raise --max-replicas to look further) serves "
+                      f"{rate:.4g} requests/s")
     lines.append(f"SLOs: {targets}{share}; {result.replications} replication(s) per point")
     lines.append(answer)
     burst = _burst_note(result)

@@ -16,13 +16,28 @@ def percent_text(share: float, max_decimals: int = 4) -> str:
     Args:
         share: a fraction in [0, 1].
     """
-    percent = 100.0 * share
-    for decimals in range(1, max_decimals + 1):
-        text = f"{percent:.{decimals}f}"
-        if not 0.0 < share < 1.0 or 0.0 < float(text) < 100.0:
+    return _share_text(share, 100.0, 1, max_decimals)
+
+
+def fraction_text(share: float, min_decimals: int = 3, max_decimals: int = 6) -> str:
+    """``share`` with ``min_decimals`` decimals, or more (up to ``max_decimals``) where fewer would round a share
+    strictly between 0 and 1 to ``0.000`` or ``1.000`` (the rule of :func:`percent_text`): 0.99975 reads
+    ``0.9998``, 0.00025 ``0.0003``.
+
+    Args:
+        share: a fraction in [0, 1].
+    """
+    return _share_text(share, 1.0, min_decimals, max_decimals)
+
+
+def _share_text(share: float, scale: float, min_decimals: int, max_decimals: int) -> str:
+    value = scale * share
+    for decimals in range(min_decimals, max_decimals + 1):
+        text = f"{value:.{decimals}f}"
+        if not 0.0 < share < 1.0 or 0.0 < float(text) < scale:
             return text
     step = 10.0 ** -max_decimals
-    return f"<{step:.{max_decimals}f}" if share < 0.5 else f">{100.0 - step:.{max_decimals}f}"
+    return f"<{step:.{max_decimals}f}" if share < 0.5 else f">{scale - step:.{max_decimals}f}"
 
 
 def _ms(value: float | None) -> str:
