@@ -140,6 +140,18 @@ def check_output_file(path: str | Path, option: str = "--out", inputs: tuple = (
     return out
 
 
+def remove_earlier_output_file(path: str | Path) -> None:
+    """Delete the file ``path`` an earlier run of a command wrote (and the temporary files a killed write of
+    it left), before the command computes its new version: if it then fails or is interrupted, no earlier
+    result is left looking like its own. Call it after :func:`check_output_file`.
+
+    Raises:
+        ConfigError: the file exists but cannot be removed (one line naming it).
+    """
+    out = Path(path)
+    remove_stale(out.parent, [out.name])
+
+
 def remove_stale(folder: str | Path, names: list[str]) -> None:
     """Delete the files ``names`` in ``folder`` that a previous run wrote and this one does not replace, and
     the temporary files a killed write of one of them left (``.NAME.*.tmp``).

@@ -427,3 +427,28 @@ def test_plot_is_refused_while_a_command_holds_the_sweep_folder(tmp_path, capsys
     assert sorted(p.name for p in out.iterdir()) == before
     assert main(["plot", str(out)]) == 0  # the lock released: drawn, into DIR also when --out names it
     assert main(["plot", str(out), "--out", str(out)]) == 0
+
+
+@pytest.mark.parametrize("command", ["calibrate", "acceptance"])
+def test_a_failed_rerun_removes_the_earlier_output_file(tmp_path, capsys, command):
+    # calibrate --out CARD.yaml and acceptance ... --out PROFILE.yaml left the previous file in place when a new
+    # run failed, looking like its result
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    out = tmp_path / "out" / "result.yaml"
+    if command == "calibrate":
+        good = str(repo / "workloads" / "examples" / "step-times-h100-llama8b-synthetic.csv")
+        bad = tmp_path / "header-only.csv"
+        bad.write_text("batch_size,context_tokens,scheduled_tokens,step_time_s\n")
+        argv = ["calibrate", "--hardware", "h100-sxm", "--model", "llama-3.1-8b", "--quiet", "--out", str(out),
+                "--data"]
+    else:
+        good = str(repo / "workloads" / "examples" / "vllm-specdecode-eagle3-k3.log")
+        bad = tmp_path / "no-spec-lines.log"
+        bad.write_text("INFO 01-01 00:00:00 engine started\n")
+        argv = ["acceptance", "from-vllm-log", "--method", "eagle3", "--out", str(out), "--input"]
+    assert main([*argv, good]) == 0 and out.is_file()
+    assert main([*argv, str(bad)]) == 2
+    assert "servesim: error: " in capsys.readouterr().err
+    assert not out.exists() and list(out.parent.iterdir()) == []

@@ -176,10 +176,12 @@ def _profile_yaml(profile: AcceptanceProfile) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the chosen ``acceptance`` sub-command; returns the exit status."""
     if args.out is not None:
-        from servesim.atomic import check_output_file
+        from servesim.atomic import check_output_file, remove_earlier_output_file
 
-        # before reading the input: an unwritable --out fails at once, an input is not replaced
+        # before reading the input: an unwritable --out fails at once, an input is not replaced, and an
+        # earlier profile there is removed (a run that fails leaves none looking current)
         check_output_file(args.out, inputs=(("--input", args.input), ("--baseline", getattr(args, "baseline", None))))
+        remove_earlier_output_file(args.out)
     if args.acceptance_command in ("from-vllm-log", "from-prometheus", "from-llamacpp"):
         return _run_from_logs(args)
     if args.acceptance_command != "ngram":  # pragma: no cover - argparse restricts the choices

@@ -59,10 +59,12 @@ def run(args: argparse.Namespace) -> int:
     if args.tp < 1:
         raise ConfigError(f"--tp: expected tensor_parallel_size >= 1 (got {args.tp})")
     if args.out is not None:
-        from servesim.atomic import check_output_file
+        from servesim.atomic import check_output_file, remove_earlier_output_file
 
-        # before the fit: an unwritable --out fails at once, a --data file is not replaced
+        # before the fit: an unwritable --out fails at once, a --data file is not replaced, and an earlier
+        # card there is removed (a fit that fails leaves none looking current)
         check_output_file(args.out, inputs=tuple(("--data", data) for data in args.data))
+        remove_earlier_output_file(args.out)
     hardware = load_hardware(args.hardware, source="--hardware")
     model = load_model(args.model, source="--model")
     from servesim.wiring import check_tensor_parallel
