@@ -66,18 +66,6 @@ def test_tune_k_without_speculation_by_set_names_set(tmp_path, capsys):
                                               "with a speculative_config")
 
 
-def test_capacity_max_requests_on_a_multi_turn_workload_says_what_to_give(tmp_path, capsys):
-    workload = {"type": "multi_turn", "rate": 1.0, "num_sessions": 4, "turns": {"type": "fixed", "value": 2},
-                "message_tokens": {"type": "fixed", "value": 20}, "output_tokens": {"type": "fixed", "value": 5},
-                "think_time_s": 1.0}
-    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "workload": workload})
-    assert main(["capacity", str(cfg), "--slo", "ttft_p99=1", "--max-requests", "10",
-                 "--out", str(tmp_path / "o")]) == 2
-    assert capsys.readouterr().err == (
-        f"servesim: error: --max-requests: caps the requests of a trace, poisson or gamma workload; {cfg}'s "
-        "multi_turn workload counts sessions: give --set workload.num_sessions=N instead\n")
-
-
 def test_capacity_max_requests_on_a_closed_loop_workload_gives_the_capacity_error(tmp_path, capsys):
     workload = {"type": "closed_loop", "concurrency": 2, "requests_per_client": 3,
                 "prompt_tokens": {"type": "fixed", "value": 20}, "output_tokens": {"type": "fixed", "value": 5}}
