@@ -697,3 +697,28 @@ def test_a_sweep_refuses_a_grid_value_naming_a_missing_input_before_any_run(tmp_
     assert err.startswith(f"servesim: error: {sweep} (point ") and err.count("\n") == 1
     assert message.format(folder=tmp_path) in err
     assert not (tmp_path / "o").exists()  # nothing run, nothing written
+
+
+@pytest.mark.parametrize("key", ["deployment.replicas=5", "workload.rate_scale=7", "workload.rate=3"])
+def test_capacity_replicas_refuses_a_set_of_what_it_searches(tmp_path, capsys, key):
+    # with --replicas, --set deployment.replicas=5 and --set workload.rate_scale=7 had no effect, silently
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--replicas", "10", "--set", key,
+                 "--out", str(tmp_path / "o")]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        "servesim: error: --replicas: searches deployment.replicas at the target rate (the workload's rate, or a "
+        f"trace's rate_scale), which --set gives too ({key.split('=')[0]}): give one of them\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_capacity_goodput_share_without_a_per_request_objective_is_refused(tmp_path, capsys):
+    # --slo queue_p99=100 --goodput-share 0.99: the attainment was the completed share (1.0), so the option
+    # never bound, silently
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["capacity", str(cfg), "--slo", "queue_p99=100", "--slo", "itl_p99=1", "--goodput-share", "0.99",
+                 "--out", str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        "servesim: error: --goodput-share: the SLO attainment is the share of requests meeting the per-request "
+        "objectives (ttft, tpot, e2e), and no --slo gives one: add one, or leave --goodput-share out\n")
+    assert not (tmp_path / "o").exists()

@@ -59,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     Raises:
         ConfigError: invalid config, SLO or option (one line).
     """
-    from servesim.analysis.capacity import CapacitySearch, capacity_frame, parse_slos
+    from servesim.analysis.capacity import PER_REQUEST, CapacitySearch, capacity_frame, parse_slos
     from servesim.atomic import prepare_output_dir, replacing_outputs
     from servesim.cli.run import parse_overrides, set_keys
     from servesim.config.models import load_config
@@ -67,6 +67,12 @@ def run(args: argparse.Namespace) -> int:
     from servesim.sweep.tables import write_csv
 
     slos = parse_slos(args.slo)
+    if args.goodput_share is not None and not any(s.metric in PER_REQUEST for s in slos):
+        # the attainment counts the requests that meet every per-request objective: with none, it is the
+        # completed share, which every passing point reaches (all its requests complete): the option never binds
+        raise ConfigError(f"--goodput-share: the SLO attainment is the share of requests meeting the per-request "
+                          f"objectives ({', '.join(PER_REQUEST)}), and no --slo gives one: add one, or leave "
+                          "--goodput-share out")
     if args.replicas is not None and args.max_rate is not None:
         raise ConfigError("--max-rate: bounds the rate search; --replicas searches replica counts at a given rate "
                           "(give one of them)")
@@ -74,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("--max-replicas: bounds the replica search of --replicas TARGET_RATE (give --replicas, "
                           "or leave --max-replicas out)")
     overrides = parse_overrides(args.overrides, None)
+    if args.replicas is not None:  # the search sets these at every point: a --set of one would be lost silently
+        searched = ("deployment.replicas", "workload.rate", "workload.rate_scale")
+        given = [k for k in set_keys(args.overrides) for name in searched if k == name or k.startswith(name + ".")]
+        if given:
+            raise ConfigError(f"--replicas: searches deployment.replicas at the target rate (the workload's rate, "
+                              f"or a trace's rate_scale), which --set gives too ({given[0]}): give one of them")
     if args.max_requests is not None:
         if args.max_requests < 1:
             raise ConfigError(f"--max-requests: expected >= 1 (got {args.max_requests})")
