@@ -278,6 +278,8 @@ def format_validation_error(exc: ValidationError, source: str, data: Any = None,
         shown = f" (got {'no value' if got is None and loc else shown_found(got)})"
     elif not isinstance(got, (dict, list)) and kind not in BOOL_FOR_NUMBER_ERRORS:
         shown = f" (got {shown_value(got)})"
+    elif kind.endswith("_type"):  # a mapping or list where a value of another type was expected
+        shown = " (got a mapping)" if isinstance(got, dict) else " (got a list)"
     more = len(errors) - 1
     others: list[str] = []  # the other errors' fields, so that one run tells every field to fix
     for other in errors:

@@ -570,7 +570,7 @@ def test_inline_cards_given_by_set_name_the_option_and_the_key(tmp_path, capsys,
     ("engine.max_num_seqs=abc",
      "--set: engine.max_num_seqs: Input should be a valid integer, unable to parse string as an integer (got 'abc')"),
     ("engine.max_num_seq=5", "--set: engine.max_num_seq: unknown key (did you mean max_num_seqs?)"),
-    ("engine.max_num_seqs.x=1", "--set: engine.max_num_seqs: Input should be a valid integer"),  # made it a mapping
+    ("engine.max_num_seqs.x=1", "--set: engine.max_num_seqs: Input should be a valid integer (got a mapping)"),
 ])
 def test_a_bad_value_given_by_set_names_set_not_the_file(tmp_path, capsys, override, message):
     """A --set mistake was reported as the config file's ('c.yaml: engine.max_num_seqs: ...')."""

@@ -91,3 +91,14 @@ def test_a_kv_cache_of_one_block_is_refused_as_not_fitting(tmp_path, capsys):
     _, err = refused_run(tmp_path, capsys, "--set", "engine.num_gpu_blocks_override=1")
     assert err == ("servesim: error: --set: engine.num_gpu_blocks_override: Input should be greater than or equal "
                    "to 2 (got 1)\n")
+
+
+@pytest.mark.parametrize("assignment, found", [("engine.max_num_seqs.x=3", "a mapping"),
+                                               ("engine.max_num_seqs=[8]", "a list"),
+                                               ("engine.max_num_seqs={a: 1}", "a mapping")])
+def test_a_mapping_or_list_where_a_number_belongs_says_what_it_got(tmp_path, capsys, assignment, found):
+    # said "Input should be a valid integer" without the "(got ...)" every other value error has
+    cfg = write_yaml(tmp_path / "c.yaml", SMALL)
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--set", assignment]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --set: engine.max_num_seqs: Input should be a valid "
+                                       f"integer (got {found})\n")
