@@ -17,7 +17,9 @@ EAGLE = {"method": "eagle", "num_speculative_tokens": 2, "acceptance": {"alpha":
 @pytest.mark.parametrize("override, message", [
     # "does not fit" reads the model, the GPU's memory fraction, the token budget...: it named the file alone
     ("model=llama-3.1-70b", "tensor_parallel_size: Llama-3.1-70B does not fit on 1 x H100 SXM: per GPU, "),
-    ("engine.gpu_memory_utilization=0.05", "tensor_parallel_size: Llama-3.1-8B does not fit on 1 x H100 SXM: "),
+    # the weights fit in 21% of the card, the token budget's activations take the rest
+    ("engine.gpu_memory_utilization=0.21", "engine.max_num_batched_tokens: Llama-3.1-8B does not fit on 1 x H100 "
+                                           "SXM: "),
     # the requests longer than max_model_len are the workload's, the limit came from --set
     ("engine.max_model_len=50", "workload: 39 request(s) need more than max_model_len=50 tokens"),
     # a change of kind leaves the file's other keys wrong for the new kind
@@ -32,7 +34,17 @@ def test_a_check_that_read_a_setting_set_gave_names_the_file_with_that_set(tmp_p
 def test_the_same_check_failing_on_the_file_alone_names_the_file(tmp_path, capsys):
     config = {**SMALL, "engine": {"gpu_memory_utilization": 0.05}}
     cfg, err = refused_run(tmp_path, capsys, "--set", "seed=3", config=config)  # a --set the check never read
-    assert err.startswith(f"servesim: error: {cfg}: tensor_parallel_size: Llama-3.1-8B does not fit"), err
+    # the weights (16.1 GB) fit the card but not 5% of it: the share vLLM may use is the setting named
+    assert err.startswith(f"servesim: error: {cfg}: engine.gpu_memory_utilization: Llama-3.1-8B does not fit"), err
+
+
+def test_a_does_not_fit_names_the_setting_that_tipped_it(tmp_path, capsys):
+    # --set engine.gpu_memory_utilization=1e-30 was filed under tensor_parallel_size: the weights fit the card
+    _, err = refused_run(tmp_path, capsys, "--set", "engine.gpu_memory_utilization=1e-30")
+    assert err.startswith("servesim: error: --set: engine.gpu_memory_utilization: Llama-3.1-8B does not fit on 1 x "
+                          "H100 SXM: "), err
+    cfg, err = refused_run(tmp_path, capsys, "--set", "model=llama-3.1-70b")  # 141 GB of weights on an 80 GB card
+    assert err.startswith(f"servesim: error: {cfg} with --set model: tensor_parallel_size: Llama-3.1-70B does "), err
 
 
 def test_a_kind_given_by_set_with_a_wrong_value_elsewhere_names_the_file(tmp_path, capsys):

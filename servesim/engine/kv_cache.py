@@ -57,8 +57,9 @@ def kv_cache_blocks(
 
     Raises:
         SettingError: the weights and activations leave no room for a block beside vLLM's null block (named
-            ``engine.max_num_batched_tokens`` when the weights alone fit and the activation reserve of the
-            token budget takes the rest, else ``tensor_parallel_size``).
+            ``tensor_parallel_size`` when the weights fill the whole card, ``engine.gpu_memory_utilization``
+            when they fill the share of it vLLM may use, else ``engine.max_num_batched_tokens``: the activation
+            reserve of the token budget takes the rest).
     """
     if num_gpu_blocks_override is not None:
         return int(num_gpu_blocks_override)
@@ -77,8 +78,14 @@ def kv_cache_blocks(
     if blocks < 2:  # block 0 is vLLM's null block: one block holds no request's KV
         drafter = (f" + {extra_name}'s weights {_gigabytes(extra_weight_bytes_per_gpu)}"
                    if extra_weight_bytes_per_gpu > 0 else "")
-        # the setting that tipped it: the weights alone leave room, the token budget's activations take it
-        key = "engine.max_num_batched_tokens" if usable - weights > 0 else "tensor_parallel_size"
+        # the setting that tipped it: the weights fill the whole card (more GPUs), or the share of it vLLM may
+        # use; else they leave room there and the token budget's activations take it
+        if weights >= float(hardware.memory_bytes):
+            key = "tensor_parallel_size"
+        elif weights >= usable:
+            key = "engine.gpu_memory_utilization"
+        else:
+            key = "engine.max_num_batched_tokens"
         raise SettingError(
             f"{key}: {model.name} does not fit on {tensor_parallel_size} x {hardware.name}: per GPU, "
             f"its weights {_gigabytes(target_weights)}{drafter} + the activation reserve {_gigabytes(reserve)} "
