@@ -1017,3 +1017,27 @@ def test_capacity_and_tune_k_refuse_a_time_limit(tmp_path, capsys, command, size
         f"at 30 s leaves requests unfinished or not yet arrived, which no setting would pass); leave it out "
         f"({sized_by} sizes the runs)\n")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_metric_the_run_lacks_is_not_called_unknown():
+    # validate said "unknown summary metric 'spec_decode.mean_acceptance_length' (e.g. ...,
+    # spec_decode.mean_acceptance_length)" of a run without speculation, and "unknown" of ttft_s.p100
+    from servesim.analysis.validation import summary_value
+    from servesim.errors import ConfigError
+
+    summary = {"ttft_s": {"mean": 0.5, "p50": 0.4, "p99": 0.9}, "output_throughput": 100.0}
+    where = "c.yaml: cases[0].measured.metric"
+    expected = {
+        "spec_decode.mean_acceptance_length": f"{where}: summary metric 'spec_decode.mean_acceptance_length': this "
+        "run's summary has no 'spec_decode' (e.g. spec_decode needs a speculative_config, replicas a deployment of "
+        "several)",
+        "ttft_s.p100": f"{where}: summary metric 'ttft_s.p100': this run's ttft_s has no 'p100' (it holds mean, p50, "
+        "p99)",
+        "nosuch": f"{where}: unknown summary metric 'nosuch' (e.g. output_throughput, e2e_s.mean, "
+        "spec_decode.mean_acceptance_length)",
+    }
+    for key, message in expected.items():
+        with pytest.raises(ConfigError) as info:
+            summary_value(summary, key, where)
+        assert str(info.value) == message
+    assert summary_value(summary, "ttft_s.p99", where) == 0.9

@@ -311,10 +311,20 @@ def summary_value(summary: dict, key: str, source: str) -> float:
     Raises:
         ConfigError: the key is not in the summary or holds no number (names ``source``).
     """
+    from servesim.metrics.summary import is_metric_column
+
     node: Any = summary
-    for part in key.split("."):
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
         if not isinstance(node, dict) or part not in node:
-            raise _unknown_metric(key, source)
+            if not is_metric_column(key):
+                raise _unknown_metric(key, source)
+            if depth == 0:  # a metric of the summary's kind that this run does not have
+                raise ConfigError(f"{source}: summary metric {key!r}: this run's summary has no {part!r} (e.g. "
+                                  "spec_decode needs a speculative_config, replicas a deployment of several)")
+            have = ", ".join(map(str, node)) if isinstance(node, dict) else type(node).__name__
+            raise ConfigError(f"{source}: summary metric {key!r}: this run's {'.'.join(parts[:depth])} has no "
+                              f"{part!r} (it holds {have})")
         node = node[part]
     if isinstance(node, bool) or not isinstance(node, (int, float)) or node is None:
         raise ConfigError(f"{source}: summary metric {key!r} holds no number (got {node!r})")
