@@ -172,3 +172,15 @@ def test_tolerance_without_vllm_bench_is_refused(tmp_path, capsys):
                                        "(the published cases carry their own): give it with --vllm-bench, or "
                                        "leave it out\n")
     assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.parametrize("value, shown", [(float("nan"), "NaN"), (0, "0")])
+def test_a_measured_metric_left_out_says_so_in_the_detail(tmp_path, capsys, value, shown):
+    # a NaN (vLLM's mean over no values) or 0 mean TTFT removed that row with no word
+    import pandas as pd
+
+    assert main(_write(tmp_path, _result(mean_ttft_ms=value))) == 0
+    capsys.readouterr()
+    table = pd.read_csv(tmp_path / "out" / "validation.csv")
+    assert table["case"].tolist() == ["r-tpot_s", "r-output_throughput"]
+    assert all(detail.endswith(f"; not compared: mean_ttft_ms ({shown})") for detail in table["detail"]), table

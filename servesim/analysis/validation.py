@@ -470,6 +470,12 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
     with tempfile.TemporaryDirectory(prefix="servesim-bench-") as tmp:
         cfg, folder, result, result_path, present, how = bench_case_config(case, case_file, where, Path(tmp))
         summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
+    # a metric the result holds but that cannot be compared (NaN: vLLM's mean over no values; 0) is said in
+    # each row's detail, not dropped silently
+    skipped = [f"{key} ({'NaN' if isinstance(result[key], float) and math.isnan(result[key]) else result[key]!r})"
+               for key, _, _, _ in METRICS if key not in present and result.get(key) is not None]
+    if skipped:
+        how = f"{how}; not compared: {', '.join(skipped)}"
     out = []
     for key, sim_key, unit, factor in METRICS:
         if key not in present:
