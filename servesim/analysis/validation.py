@@ -472,7 +472,7 @@ def run_bench_case(case: BenchCase, case_file: Path, where: str) -> list:
         summary = simulate(cfg, seed=case.seed, base_dir=folder).summary
     # a metric the result holds but that cannot be compared (NaN: vLLM's mean over no values; 0) is said in
     # each row's detail, not dropped silently
-    skipped = [f"{key} ({'NaN' if isinstance(result[key], float) and math.isnan(result[key]) else result[key]!r})"
+    skipped = [f"{key} ({'NaN' if isinstance(result[key], float) and math.isnan(result[key]) else repr(result[key])})"
                for key, _, _, _ in METRICS if key not in present and result.get(key) is not None]
     if skipped:
         how = f"{how}; not compared: {', '.join(skipped)}"
