@@ -351,6 +351,21 @@ def test_acceptance_bars_are_drawn_per_swept_speculative_setting(tmp_path):
     assert drawn["runs"].tolist() == [2] * 6
 
 
+@pytest.mark.parametrize("inside", ["points", "points/figures"])
+def test_plot_out_refuses_the_sweeps_stored_runs(tmp_path, capsys, inside):
+    """--out SWEEP/points wrote the PNGs and CSVs among the stored runs."""
+    from servesim.cli import main
+
+    sweep = tmp_path / "sweep"
+    write_sweep_dir(sweep)
+    (sweep / "points").mkdir()
+    assert main(["plot", str(sweep), "--out", str(sweep / inside)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {sweep / inside} is inside the sweep's stored runs "
+                                       f"({sweep / 'points'}); give another folder, or leave --out out to draw "
+                                       "into the sweep's folder\n")
+    assert [p.name for p in (sweep / "points").iterdir()] == []
+
+
 def test_plot_out_refuses_a_folder_of_other_results(tmp_path, capsys):
     """--out naming a run's (or another sweep's) folder wrote the figures among its files."""
     from servesim.cli import main

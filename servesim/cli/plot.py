@@ -181,6 +181,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None and Path(args.out).resolve() != Path(args.dir).resolve():
         from servesim.cli import check_no_other_results
 
+        points = (Path(args.dir) / "points").resolve()
+        if Path(args.out).resolve().is_relative_to(points):
+            raise ConfigError(f"--out: {args.out} is inside the sweep's stored runs ({Path(args.dir) / 'points'}); "
+                              "give another folder, or leave --out out to draw into the sweep's folder")
         check_no_other_results("plot", args.out)  # a run's or another sweep's folder: its files would mix
     out = prepare_output_dir(out)
     # one curve per combination of the other swept columns (single-valued ones say nothing: skip them)
