@@ -306,6 +306,11 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         info["num_speculative_tokens"] = spec.num_speculative_tokens
         info["acceptance_profile"] = spec_setup.profile.name
         info["mean_acceptance_length_model"] = float(spec_setup.profile.mean_acceptance_length(spec.num_speculative_tokens))
+        measured_for = getattr(spec_setup.profile, "method", None)
+        if measured_for is not None and measured_for != spec.method:  # allowed (an approximation), but said
+            info.setdefault("notes", []).append(
+                f"speculative_config.acceptance: the profile {spec_setup.profile.name!r} was measured with method "
+                f"{measured_for!r}; this run's method is {spec.method!r}")
     return Prepared(cfg, hardware, model, step_time, blocks, seqs, budget, workload, info, spec_setup,
                     info["async_scheduling"])
 

@@ -1044,3 +1044,20 @@ def test_a_metric_the_run_lacks_is_not_called_unknown():
             summary_value(summary, key, where)
         assert str(info.value) == message
     assert summary_value(summary, "ttft_s.p99", where) == 0.9
+
+
+def test_a_profile_measured_with_another_method_is_noted(tmp_path, capsys):
+    # an n-gram profile under EAGLE ran without a word (mean acceptance length 1.39)
+    import json
+
+    spec = {"method": "eagle", "num_speculative_tokens": 3, "acceptance": "ngram-llama3.1-8b-sharegpt-k3"}
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": spec})
+    assert main(["run", str(cfg), "--out", str(tmp_path / "o"), "--no-plot", "--quiet"]) == 0
+    note = ("speculative_config.acceptance: the profile 'ngram-llama3.1-8b-sharegpt-k3' was measured with method "
+            "'ngram'; this run's method is 'eagle'")
+    assert capsys.readouterr().err == f"servesim: note: {note}\n"
+    assert json.loads((tmp_path / "o" / "summary.json").read_text())["setup"]["notes"] == [note]
+    same = write_yaml(tmp_path / "same.yaml", {**SMALL, "speculative_config": {**spec, "method": "ngram"}})
+    assert main(["run", str(same), "--out", str(tmp_path / "same"), "--no-plot", "--quiet"]) == 0
+    assert capsys.readouterr().err == ""
+    assert "notes" not in json.loads((tmp_path / "same" / "summary.json").read_text())["setup"]

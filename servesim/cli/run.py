@@ -208,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
             _check_window(summary, cfg)
         summary["setup"] = result.info
         summary["seed"] = cfg.seed if args.seed is None else args.seed
+        for note in result.info.get("notes", ()):  # e.g. a profile measured with another method
+            print(f"servesim: note: {note}", file=sys.stderr, flush=True)
         if args.no_plot:
             remove_stale(out_dir, ["latency.png"])  # an earlier run's figure must not sit beside these CSVs
         else:
