@@ -140,16 +140,32 @@ def check_output_file(path: str | Path, option: str = "--out", inputs: tuple = (
     return out
 
 
-def remove_earlier_output_file(path: str | Path) -> None:
-    """Delete the file ``path`` an earlier run of a command wrote (and the temporary files a killed write of
-    it left), before the command computes its new version: if it then fails or is interrupted, no earlier
-    result is left looking like its own. Call it after :func:`check_output_file`.
+#: Most bytes of an existing ``--out`` file read to tell whether a servesim command wrote it.
+_MARKER_SCAN_BYTES = 1 << 16
+
+
+def remove_earlier_output_file(path: str | Path, written_by: str) -> None:
+    """Delete the file ``path`` if an earlier run of the command wrote it (its first
+    :data:`_MARKER_SCAN_BYTES` bytes hold ``written_by``, the mark the command puts in its output, e.g. a
+    calibrated card's ``calibrated by servesim calibrate``; runs of whitespace read as one space), and the
+    temporary files a killed write of it left, before the command computes its new version: if it then fails
+    or is interrupted, no earlier result is left looking like its own. Any other file there (the user's, an
+    input) is left as it is. Call it after :func:`check_output_file`.
 
     Raises:
-        ConfigError: the file exists but cannot be removed (one line naming it).
+        ConfigError: the file is the command's but cannot be removed (one line naming it).
     """
     out = Path(path)
-    remove_stale(out.parent, [out.name])
+    try:
+        with open(out, "rb") as handle:
+            head = handle.read(_MARKER_SCAN_BYTES)
+    except OSError:  # missing (nothing to remove) or unreadable (not ours to judge)
+        head = b""
+    # whitespace runs as one space: YAML folds a long value's line at a space, and the mark may span the fold
+    if written_by.encode("utf-8") in b" ".join(head.split()):
+        remove_stale(out.parent, [out.name])
+    else:
+        remove_temporary_files(out.parent, glob.escape(out.name))
 
 
 def remove_stale(folder: str | Path, names: list[str]) -> None:

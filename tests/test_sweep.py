@@ -404,6 +404,17 @@ def test_a_folder_with_sweep_outputs_but_no_manifest_is_refused(tmp_path, capsys
     assert captured.out == "" and captured.err == f"servesim: error: {info.value}\n"
     assert sorted(p.name for p in out.iterdir()) == ["latency_vs_throughput.png", "notes.txt", "summary.csv"]
     assert (out / "summary.csv").read_text() == "my,data\n"
+    # a sweep that fails before it starts (its file missing) leaves them alone too
+    assert main(["sweep", str(tmp_path / "nosuch.yaml"), "--out", str(out)]) == 2
+    capsys.readouterr()
+    assert (out / "summary.csv").read_text() == "my,data\n" and (out / "latency_vs_throughput.png").exists()
+    # a plain file where the stored runs go is said as such
+    (out / "points").write_text("not a folder\n")
+    with pytest.raises(ConfigError) as info:
+        run_sweep(sweep, out, progress=False, simulate=fake_simulate)
+    assert str(info.value) == (f"--out: {out / 'points'} is a file; a sweep keeps its stored runs in the folder "
+                               "points/ there: give another folder, or move that file")
+    (out / "points").unlink()
     # a folder of unrelated files only is a sweep's to write into, as an empty one
     (out / "summary.csv").unlink()
     (out / "latency_vs_throughput.png").unlink()

@@ -452,3 +452,24 @@ def test_a_failed_rerun_removes_the_earlier_output_file(tmp_path, capsys, comman
     assert main([*argv, str(bad)]) == 2
     assert "servesim: error: " in capsys.readouterr().err
     assert not out.exists() and list(out.parent.iterdir()) == []
+    # a file the command did not write (the user's notes) is left as it is when a run fails
+    out.write_text("my notes\n")
+    assert main([*argv, str(bad)]) == 2
+    assert out.read_text() == "my notes\n"
+
+
+def test_calibrate_refuses_an_out_that_is_its_input_card(tmp_path, capsys):
+    # --out naming the --hardware card given by path deleted it, then said it did not exist
+    import shutil
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    card = tmp_path / "gpu.yaml"
+    shutil.copy(repo / "hardware" / "gpus" / "h100-sxm.yaml", card)
+    before = card.read_bytes()
+    data = str(repo / "workloads" / "examples" / "step-times-h100-llama8b-synthetic.csv")
+    assert main(["calibrate", "--hardware", str(card), "--model", "llama-3.1-8b", "--data", data,
+                 "--out", str(card)]) == 2
+    assert capsys.readouterr().err == (f"servesim: error: --out: {card} is the --hardware file (an input of this "
+                                       "command); give another file path\n")
+    assert card.read_bytes() == before

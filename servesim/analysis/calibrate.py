@@ -492,6 +492,11 @@ def fit_summary(fit: CalibrationFit) -> list[str]:
     return lines
 
 
+#: What a calibrated card's ``source`` starts with: ``servesim calibrate --out`` removes an earlier file of it
+#: (and no other) before it fits again.
+CALIBRATED_MARK = "calibrated by servesim calibrate"
+
+
 def calibrated_card_yaml(base: HardwareCard, fit: CalibrationFit, data_files: Sequence[str | Path],
                          *, base_spec: str = "", date: _dt.date | None = None) -> str:
     """The YAML text of the calibrated card: a comment block with the fit quality, then the card.
@@ -504,7 +509,7 @@ def calibrated_card_yaml(base: HardwareCard, fit: CalibrationFit, data_files: Se
 
     date = date or _dt.date.today()
     files = ", ".join(str(f) for f in data_files)
-    source = (f"calibrated by servesim calibrate on {date.isoformat()} from {files} "
+    source = (f"{CALIBRATED_MARK} on {date.isoformat()} from {files} "
               f"(base: {base.name}; model {fit.extra.get('model')}, tensor_parallel_size "
               f"{fit.extra.get('tensor_parallel_size')}); base source: {base.source}")
     card = calibrated_card(base, fit, source)

@@ -324,7 +324,9 @@ def _run_reported(module, args: argparse.Namespace, out: object, created: list) 
             if own:
                 check_no_other_results(args.command, out)
             if args.command == "sweep":
-                own = own + tuple(_sweep_figures(out))  # drawn from the tables a failed sweep removes
+                # a folder without sweep.json (every sweep writes it first) holds no sweep's tables: files of
+                # their names there are someone else's, which the sweep refuses and a failure leaves alone
+                own = own + tuple(_sweep_figures(out)) if _is_sweep_folder(out) else ()
             with _replacing_earlier_outputs(out, own):
                 status = int(module.run(args) or 0)
         if sys.stdout is not None:  # None: started with stdout closed (``>&-``), print() writes nothing
@@ -441,6 +443,13 @@ def _sweep_figures(out: object) -> list[str]:
     from servesim.sweep.runner import plot_figures
 
     return plot_figures(Path(out))
+
+
+def _is_sweep_folder(out: object) -> bool:
+    """Whether ``out`` is an existing folder holding a sweep's manifest (``sweep.json``)."""
+    from pathlib import Path
+
+    return _existing_folder(out) and (Path(out) / "sweep.json").exists()
 
 
 def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):

@@ -179,9 +179,10 @@ def run(args: argparse.Namespace) -> int:
         from servesim.atomic import check_output_file, remove_earlier_output_file
 
         # before reading the input: an unwritable --out fails at once, an input is not replaced, and an
-        # earlier profile there is removed (a run that fails leaves none looking current)
+        # earlier profile of this command there is removed (a run that fails leaves none looking current;
+        # any other file is left as it is)
         check_output_file(args.out, inputs=(("--input", args.input), ("--baseline", getattr(args, "baseline", None))))
-        remove_earlier_output_file(args.out)
+        remove_earlier_output_file(args.out, "servesim acceptance")
     if args.acceptance_command in ("from-vllm-log", "from-prometheus", "from-llamacpp"):
         return _run_from_logs(args)
     if args.acceptance_command != "ngram":  # pragma: no cover - argparse restricts the choices

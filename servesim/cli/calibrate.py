@@ -59,12 +59,15 @@ def run(args: argparse.Namespace) -> int:
     if args.tp < 1:
         raise ConfigError(f"--tp: expected tensor_parallel_size >= 1 (got {args.tp})")
     if args.out is not None:
+        from servesim.analysis.calibrate import CALIBRATED_MARK
         from servesim.atomic import check_output_file, remove_earlier_output_file
 
-        # before the fit: an unwritable --out fails at once, a --data file is not replaced, and an earlier
-        # card there is removed (a fit that fails leaves none looking current)
-        check_output_file(args.out, inputs=tuple(("--data", data) for data in args.data))
-        remove_earlier_output_file(args.out)
+        # before the fit: an unwritable --out fails at once, an input (a --data file, a card given by path)
+        # is not replaced, and an earlier calibrated card there is removed (a fit that fails leaves none
+        # looking current; any other file is left as it is)
+        check_output_file(args.out, inputs=(*(("--data", data) for data in args.data), ("--hardware", args.hardware),
+                                            ("--model", args.model)))
+        remove_earlier_output_file(args.out, CALIBRATED_MARK)
     hardware = load_hardware(args.hardware, source="--hardware")
     model = load_model(args.model, source="--model")
     from servesim.wiring import check_tensor_parallel

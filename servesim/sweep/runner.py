@@ -182,6 +182,10 @@ def check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
         OutputFolderRefused: one line naming the folder and both sweeps, or the files found (nothing in it
             is touched).
     """
+    points = out_dir / "points"
+    if points.exists() and not points.is_dir():
+        raise OutputFolderRefused(f"--out: {points} is a file; a sweep keeps its stored runs in the folder points/ "
+                                  "there: give another folder, or move that file")
     manifest = out_dir / "sweep.json"
     if not manifest.exists():
         found = [name for name in (*SWEEP_TABLES, "failures.csv") if (out_dir / name).exists()]
