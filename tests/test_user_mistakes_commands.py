@@ -699,8 +699,13 @@ def test_a_sweep_refuses_a_grid_value_naming_a_missing_input_before_any_run(tmp_
     assert not (tmp_path / "o").exists()  # nothing run, nothing written
 
 
-@pytest.mark.parametrize("key", ["deployment.replicas=5", "workload.rate_scale=7", "workload.rate=3"])
-def test_capacity_replicas_refuses_a_set_of_what_it_searches(tmp_path, capsys, key):
+@pytest.mark.parametrize("key, named", [("deployment.replicas=5", "deployment.replicas"),
+                                        ("workload.rate_scale=7", "workload.rate_scale"),
+                                        ("workload.rate=3", "workload.rate"),
+                                        # the mapping form set the same keys and was replaced silently
+                                        ("deployment={replicas: 3}", "deployment.replicas"),
+                                        ("workload={type: poisson, rate: 9, num_requests: 40}", "workload.rate")])
+def test_capacity_replicas_refuses_a_set_of_what_it_searches(tmp_path, capsys, key, named):
     # with --replicas, --set deployment.replicas=5 and --set workload.rate_scale=7 had no effect, silently
     cfg = write_yaml(tmp_path / "c.yaml", SMALL)
     assert main(["capacity", str(cfg), "--slo", "ttft_p99=0.5", "--replicas", "10", "--set", key,
@@ -708,7 +713,7 @@ def test_capacity_replicas_refuses_a_set_of_what_it_searches(tmp_path, capsys, k
     captured = capsys.readouterr()
     assert captured.out == "" and captured.err == (
         "servesim: error: --replicas: searches deployment.replicas at the target rate (the workload's rate, or a "
-        f"trace's rate_scale), which --set gives too ({key.split('=')[0]}): give one of them\n")
+        f"trace's rate_scale), which --set gives too ({named}): give one of them\n")
     assert not (tmp_path / "o").exists()
 
 
@@ -721,4 +726,16 @@ def test_capacity_goodput_share_without_a_per_request_objective_is_refused(tmp_p
     assert capsys.readouterr().err == (
         "servesim: error: --goodput-share: the SLO attainment is the share of requests meeting the per-request "
         "objectives (ttft, tpot, e2e), and no --slo gives one: add one, or leave --goodput-share out\n")
+    assert not (tmp_path / "o").exists()
+
+
+def test_tune_k_refuses_ignored_workload_keys_in_a_mapping_set_too(tmp_path, capsys):
+    # --set workload.concurrency=4 was refused, --set workload={..., concurrency: 64, ...} ran, ignoring it
+    cfg = write_yaml(tmp_path / "c.yaml", {**SMALL, "speculative_config": {"method": "eagle",
+                                                                          "num_speculative_tokens": 2}})
+    mapping = ("workload={type: closed_loop, concurrency: 64, requests_per_client: 2, "
+               "prompt_tokens: {type: fixed, value: 100}, output_tokens: {type: fixed, value: 50}}")
+    assert main(["tune-k", str(cfg), "--batch-sizes", "1", "--out", str(tmp_path / "o"), "--set", mapping]) == 2
+    assert capsys.readouterr().err.startswith("servesim: error: --set workload.concurrency: tune-k replaces the "
+                                              "workload with closed loops")
     assert not (tmp_path / "o").exists()

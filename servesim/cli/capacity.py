@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from servesim.analysis.capacity import PER_REQUEST, CapacitySearch, capacity_frame, parse_slos
     from servesim.atomic import prepare_output_dir, replacing_outputs
-    from servesim.cli.run import parse_overrides, set_keys
+    from servesim.cli.run import parse_overrides, set_keys, set_leaf_keys
     from servesim.config.models import load_config
     from servesim.errors import ConfigError, naming_set_keys
     from servesim.sweep.tables import write_csv
@@ -82,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides, None)
     if args.replicas is not None:  # the search sets these at every point: a --set of one would be lost silently
         searched = ("deployment.replicas", "workload.rate", "workload.rate_scale")
-        given = [k for k in set_keys(args.overrides) for name in searched if k == name or k.startswith(name + ".")]
+        given = [k for k in set_leaf_keys(args.overrides) for name in searched
+                 if k == name or k.startswith(name + ".")]
         if given:
             raise ConfigError(f"--replicas: searches deployment.replicas at the target rate (the workload's rate, "
                               f"or a trace's rate_scale), which --set gives too ({given[0]}): give one of them")
@@ -98,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         if cfg0.workload.type in ("poisson", "gamma"):
             replaced.append(("workload.duration_s", None))
         # a --set of one of these keys would be replaced silently (the later value wins)
-        given = [name for name, _ in replaced for k in set_keys(args.overrides)
+        given = [name for name, _ in replaced for k in set_leaf_keys(args.overrides)
                  if k == name or k.startswith(name + ".")]
         if given:
             raise ConfigError(f"--max-requests: replaces {given[0]}, which --set gives too (give one of them)")

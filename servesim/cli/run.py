@@ -121,6 +121,26 @@ def set_keys(assignments: list[str]) -> list[str]:
     return [text.split("=", 1)[0].strip() for text in assignments]
 
 
+def set_leaf_keys(assignments: list[str]) -> list[str]:
+    """The dotted keys ``--set KEY=VALUE`` assignments give, each with the keys inside a mapping value
+    (``workload={type: poisson, rate: 9}`` gives ``workload``, ``workload.type`` and ``workload.rate``): what
+    a command that replaces or ignores a key checks, whichever form set it."""
+    from servesim.config.overrides import parse_assignment
+
+    def leaves(prefix: str, value) -> list[str]:
+        keys = [prefix]
+        if isinstance(value, dict):
+            for name, item in value.items():
+                keys += leaves(f"{prefix}.{name}", item)
+        return keys
+
+    found: list[str] = []
+    for text in assignments:
+        key, value = parse_assignment(text)
+        found += leaves(key, value)
+    return found
+
+
 def speculative_option(assignments: list[str], speculative_json: str | None,
                        llama_cpp_flags: str | None = None) -> str | None:
     """The option (``--speculative-config`` or ``--llama-cpp-spec``) that gives the run's whole

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
     from servesim.analysis.capacity import parse_slos
     from servesim.analysis.tune_k import tune_k
     from servesim.atomic import prepare_output_dir, replacing_outputs
-    from servesim.cli.run import parse_overrides, set_keys
+    from servesim.cli.run import parse_overrides, set_keys, set_leaf_keys
     from servesim.config.models import load_config
     from servesim.errors import naming_set_keys
     from servesim.sweep.executors import open_executor
@@ -113,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
 
     slos = parse_slos(args.slo)
     sizes = parse_batch_sizes(args.batch_sizes)
-    refuse_ignored_workload_keys(set_keys(args.overrides))
+    refuse_ignored_workload_keys(set_leaf_keys(args.overrides))  # workload={...} too, key by key
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, None), set_keys=set_keys(args.overrides))
     out = prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
 
