@@ -226,12 +226,12 @@ class SpeculativeDecoding:
     __slots__ = (
         "acceptance_tables", "accepted_per_pos", "base_by_tokens", "capacity", "context_cap", "draft_budget_limit",
         "draft_limit", "draft_slots", "emitted_blocks", "engine", "engine_ref", "fixed_rates", "fixed_segments",
-        "fixed_table", "initial_k", "join_block_size", "join_need_offset", "join_shift", "k", "known_at_join", "kv_token_cap", "lookahead_slots",
-        "mean_acceptance_length", "num_accepted_tokens", "num_decoders", "num_draft_tokens", "num_drafts",
-        "num_speculative_tokens", "prefill_lookahead", "round_offset", "rounds_done", "run_terms", "segments",
-        "spec", "static_k", "step_base", "step_computed", "step_new_blocks", "step_token_context",
-        "step_token_pairs", "step_tokens", "table_segments", "timelines", "use_eagle", "variable_width",
-        "verify_widths", "__weakref__",
+        "fixed_table", "initial_k", "join_block_size", "join_need_offset", "join_shift", "k", "known_at_join",
+        "kv_token_cap", "lookahead_slots", "mean_acceptance_length", "num_accepted_tokens", "num_decoders",
+        "num_draft_tokens", "num_drafts", "num_speculative_tokens", "prefill_lookahead", "round_offset",
+        "rounds_done", "run_terms", "segments", "spec", "static_k", "step_base", "step_computed", "step_new_blocks",
+        "step_token_context", "step_token_pairs", "step_tokens", "table_segments", "timelines", "use_eagle",
+        "variable_width", "verify_widths", "__weakref__",
     )
 
     speculative = True
@@ -749,7 +749,8 @@ class SpeculativeDecoding:
             self.step_token_context[lo:hi] += q * ncb
             self.step_token_pairs[lo:hi] += q * (q + 1) // 2
         self.timelines[r] = DecoderTimeline(g, num_rounds, ncb, held, accepted, generated0, blocks0, round0,
-                                            new_blocks, q, k, int(ncb[0]), int(ncb[num_rounds - 1]))
+                                            new_blocks, q, k, int(ncb[0]) if num_rounds else computed0,
+                                            int(ncb[num_rounds - 1]) if num_rounds else computed0)
         self.num_decoders += 1
         engine.add_finish(r, end - 1)
 
