@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from servesim.engine.output import EngineOutput
-from servesim.metrics.steps import step_times_ps
+from servesim.metrics.steps import merged_step_order, step_times_ps
 from servesim.roofline import PS_PER_S
 
 #: Fraction of the arrival window (its end) over which the queue trend is measured.
@@ -71,6 +71,9 @@ def detect_saturation(out: EngineOutput) -> Saturation:
     row_end = row_start + np.asarray(out.steps.duration_s, dtype=np.float64)
     near = (row_start <= t1 + 1e-9 * (1.0 + abs(t1))) & (row_end >= t1 - tail - 1e-9 * (1.0 + abs(t1)))
     start_ps, duration_ps, row = step_times_ps(out.steps, near)  # the rows that may hold tail steps
+    order = merged_step_order(out, start_ps, row)  # a deployment's steps as step mode orders them
+    if order is not None:
+        start_ps, duration_ps, row = start_ps[order], duration_ps[order], row[order]
     start = start_ps / float(PS_PER_S)
     in_tail = (start >= t1 - tail) & (start <= t1)
     x = start[in_tail]

@@ -88,6 +88,26 @@ def row_durations_ps(steps: StepLog) -> np.ndarray:
     return np.add.reduceat(duration, np.cumsum(counts) - counts)
 
 
+def merged_step_order(out: EngineOutput, start_ps: np.ndarray, row: np.ndarray) -> np.ndarray | None:
+    """The order of a deployment's expanded steps by (start, replica), or None for one engine's output.
+
+    A deployment's merged step log (``out.step_replica`` set) orders its rows by start time, and a run of
+    one replica is one row: the expanded steps of run mode then interleave the replicas otherwise than step
+    mode's, and the float sums over them (the ITL mean, the saturation slope) differ in the last bits. Ordered
+    by (start in ps, replica), stably, both modes give the same sequence. One engine's rows are in time order.
+
+    Args:
+        out: the run's output.
+        start_ps, row: each expanded step's start (int64 ps) and StepLog row (:func:`step_times_ps`), (S,).
+
+    Returns:
+        int64 (S,) indices, or None.
+    """
+    if out.step_replica is None:
+        return None
+    return np.lexsort((np.asarray(out.step_replica, dtype=np.int64)[row], start_ps))
+
+
 def itl_samples(out: EngineOutput) -> tuple[np.ndarray, np.ndarray]:
     """All inter-token latencies (ITL) of a run as weighted samples.
 
@@ -95,7 +115,8 @@ def itl_samples(out: EngineOutput) -> tuple[np.ndarray, np.ndarray]:
     step's duration repeated ``itl_samples`` times (its row's count), plus every value of
     ``out.extra_itl_s`` once (gaps across a preemption). Every step is listed, those of rows with
     ``itl_samples == 0`` with weight 0 (the steps' durations are then the step log's own array, not a copy
-    of the selected ones: 8 bytes a step less at the summary's peak).
+    of the selected ones: 8 bytes a step less at the summary's peak). A deployment's steps come in
+    (start, replica) order (:func:`merged_step_order`): run mode and step mode give the same arrays.
 
     Returns:
         ``(values_s, weights)``: float64 seconds and int64 repeat counts (>= 0), both shape (m,); the ITL
@@ -108,6 +129,10 @@ def itl_samples(out: EngineOutput) -> tuple[np.ndarray, np.ndarray]:
     else:
         durations, _ = expand_step_durations(steps)
     weights = np.repeat(np.asarray(steps.itl_samples, dtype=np.int64), counts)
+    if out.step_replica is not None:  # a deployment's: the steps in (start, replica) order, as in step mode
+        start_ps, _, row = step_times_ps(steps)
+        order = merged_step_order(out, start_ps, row)
+        durations, weights = durations[order], weights[order]
     extra = np.asarray(out.extra_itl_s, dtype=np.float64)
     if not extra.size:
         return durations, weights
