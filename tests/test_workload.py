@@ -753,3 +753,24 @@ def test_the_memory_bound_is_bytes_per_request_exactly(monkeypatch: pytest.Monke
         memory_bound.check_requests_fit(1_001, "workload.num_requests")
     monkeypatch.setattr(memory_bound, "available_memory_bytes", lambda: None)  # unknown: not refused
     memory_bound.check_requests_fit(10**12, "workload.num_requests")
+
+
+@pytest.mark.parametrize("name, text", [
+    ("t.csv", "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:47.0000000,30,3\n"
+              "2023-11-16 18:15:46.0000000,10,1\n2023-11-16 18:15:48.0000000,20,2\n"),
+    ("t.jsonl", '{"timestamp": 2000, "input_length": 30, "output_length": 3}\n'
+                '{"timestamp": 1000, "input_length": 10, "output_length": 1}\n'
+                '{"timestamp": 3000, "input_length": 20, "output_length": 2}\n'),
+])
+def test_an_unsorted_trace_gives_lengths_but_is_refused_as_arrivals(tmp_path, name, text):
+    # its rows' order does not matter for resampled lengths: it was refused for it
+    from servesim.workload.lengths import EmpiricalLengthConfig, EmpiricalPairsConfig
+
+    path = tmp_path / name
+    path.write_text(text)
+    pairs = EmpiricalPairsConfig(type="empirical", path=name).build(tmp_path)
+    assert pairs.prompt_tokens.tolist() == [30, 10, 20] and pairs.output_tokens.tolist() == [3, 1, 2]
+    column = EmpiricalLengthConfig(type="empirical", path=name, column="output").build(tmp_path)
+    assert column.values.tolist() == [3, 1, 2]
+    with pytest.raises(TraceError, match=r"line (3|2): (TIMESTAMP|timestamp) .* is earlier than the previous row's"):
+        load_trace(path)  # replayed, its arrivals must be in order

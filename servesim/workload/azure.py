@@ -31,11 +31,13 @@ _NAT = np.iinfo(np.int64).min
 _DATE = re.compile(r"\d{4}-\d{2}-\d{2}(?:[ T]|$)")
 
 
-def read_azure_csv(path: str | Path) -> RawTrace:
+def read_azure_csv(path: str | Path, require_sorted: bool = True) -> RawTrace:
     """Read an Azure LLM inference trace CSV.
 
     Args:
         path: the CSV file.
+        require_sorted: refuse rows not sorted by TIMESTAMP (a replay); False for a file read for its
+            lengths only, whose order does not matter.
 
     Returns:
         A :class:`RawTrace` with ``time_s`` = seconds since the first row (float64, shape ``(N,)``) and the
@@ -44,13 +46,13 @@ def read_azure_csv(path: str | Path) -> RawTrace:
     Raises:
         TraceError: one line naming the file and line: empty file, missing column, wrong number of fields,
             unparseable timestamp, mixed naive/offset timestamps, non-integer or negative token count,
-            rows not sorted by TIMESTAMP, no data rows.
+            rows not sorted by TIMESTAMP (with ``require_sorted``), no data rows.
     """
     p = Path(path)
     text = read_trace_text(p)
-    parsed = _parse_fast(text)
+    parsed = _parse_fast(text, require_sorted)
     if parsed is None:
-        parsed = _parse_checked(p, text)
+        parsed = _parse_checked(p, text, require_sorted)
     t_ns, prompt, output = parsed
     time_s = (t_ns - t_ns[0]).astype(np.float64) / 1e9
     return RawTrace(str(path), "azure", time_s, prompt, output)
@@ -99,7 +101,7 @@ def _timestamps_ns(strs: list[str]) -> np.ndarray:
     return t
 
 
-def _parse_fast(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def _parse_fast(text: str, require_sorted: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """Vectorised parse of a well-formed file; None when anything is off (the checked pass reports it)."""
     header, _, body = text.partition("\n")
     columns = [c.strip() for c in header.rstrip("\r").split(",")]
@@ -125,12 +127,12 @@ def _parse_fast(text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         return None
     if prompt.min() < 0 or output.min() < 0 or max(prompt.max(), output.max()) > MAX_TOKEN_COUNT:
         return None
-    if (np.diff(t_ns) < 0).any():
+    if require_sorted and (np.diff(t_ns) < 0).any():
         return None
     return t_ns, prompt, output
 
 
-def _parse_checked(p: Path, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _parse_checked(p: Path, text: str, require_sorted: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Row-by-row parse that raises a TraceError naming the first bad line."""
     expected_header = ",".join(AZURE_COLUMNS)
     if not text.strip():
@@ -183,7 +185,7 @@ def _parse_checked(p: Path, text: str) -> tuple[np.ndarray, np.ndarray, np.ndarr
                 raise TraceError(
                     f"{p}: line {n}: TIMESTAMP: expected a date and time like {_EXAMPLE_TIME!r} (got {s!r})"
                 ) from None
-            if times and t < times[-1]:
+            if require_sorted and times and t < times[-1]:
                 raise TraceError(
                     f"{p}: line {n}: TIMESTAMP {s!r} is earlier than the previous row's {prev_str!r} "
                     "(expected rows sorted by TIMESTAMP)"

@@ -341,7 +341,7 @@ class EmpiricalLengthConfig(_LengthBase):
     def build(self, base_dir: Path | None = None) -> EmpiricalLength:
         from servesim.workload.trace import read_trace  # the trace parsers load only when a file is read
 
-        raw = read_trace(resolve_path(self.path, base_dir), self.format)
+        raw = read_trace(resolve_path(self.path, base_dir), self.format, require_sorted=False)  # order unused
         col = raw.prompt_tokens if self.column == "prompt" else raw.output_tokens
         values = np.clip(col, self._lo(), self.max)
         label = f"empirical {self.column} of {Path(self.path).name}{_bounds_text(self._lo(), self.max)}"
@@ -370,7 +370,7 @@ class EmpiricalPairsConfig(InputModel):
     def build(self, base_dir: Path | None = None) -> EmpiricalPairs:
         from servesim.workload.trace import read_trace
 
-        raw = read_trace(resolve_path(self.path, base_dir), self.format)
+        raw = read_trace(resolve_path(self.path, base_dir), self.format, require_sorted=False)  # order unused
         return EmpiricalPairs(
             np.maximum(raw.prompt_tokens, 1),
             np.maximum(raw.output_tokens, 1),

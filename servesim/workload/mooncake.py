@@ -51,13 +51,14 @@ def _bad_hash_id(ids: list) -> int | None:
     return next((i for i, h in enumerate(ids) if not (type(h) is int and 0 <= h <= MAX_CONTENT_INDEX)), None)
 
 
-def read_mooncake_jsonl(path: str | Path, prefix_block_ids: bool = False) -> RawTrace:
+def read_mooncake_jsonl(path: str | Path, prefix_block_ids: bool = False, require_sorted: bool = True) -> RawTrace:
     """Read a Mooncake trace (JSON Lines).
 
     Args:
         path: the ``.jsonl`` file.
         prefix_block_ids: also return each row's ``hash_ids`` (slower); they are returned only when every
             row has them.
+        require_sorted: refuse timestamps not sorted (a replay); False for a file read for its lengths only.
 
     Returns:
         A :class:`RawTrace` with ``time_s`` = seconds since the first row (``timestamp`` / 1000, float64,
@@ -70,16 +71,16 @@ def read_mooncake_jsonl(path: str | Path, prefix_block_ids: bool = False) -> Raw
     """
     p = Path(path)
     text = read_trace_text(p)
-    parsed = _parse_fast(text, prefix_block_ids)
+    parsed = _parse_fast(text, prefix_block_ids, require_sorted)
     if parsed is None:
-        parsed = _parse_checked(p, text, prefix_block_ids)
+        parsed = _parse_checked(p, text, prefix_block_ids, require_sorted)
     t_ms, prompt, output, ids = parsed
     time_s = (t_ms - t_ms[0]) / 1000.0
     return RawTrace(str(path), "mooncake", time_s, prompt, output, ids)
 
 
 def _parse_fast(
-    text: str, keep_ids: bool
+    text: str, keep_ids: bool, require_sorted: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]] | None] | None:
     body = text if keep_ids else _HASH_IDS.sub('"hash_ids": null', text)
     lines = [line for line in body.split("\n") if line.strip()]
@@ -116,7 +117,9 @@ def _parse_fast(
         output = np.array(outs, dtype=np.int64)
     except OverflowError:
         return None
-    if not np.isfinite(t_ms).all() or (np.diff(t_ms) < 0).any() or prompt.min() < 0 or output.min() < 0:
+    if not np.isfinite(t_ms).all() or prompt.min() < 0 or output.min() < 0:
+        return None
+    if require_sorted and (np.diff(t_ms) < 0).any():
         return None
     if max(prompt.max(), output.max()) > MAX_TOKEN_COUNT:
         return None
@@ -124,7 +127,7 @@ def _parse_fast(
 
 
 def _parse_checked(
-    p: Path, text: str, keep_ids: bool
+    p: Path, text: str, keep_ids: bool, require_sorted: bool = True
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, list[list[int]] | None]:
     keys = ", ".join(MOONCAKE_KEYS)
     if not text.strip():
@@ -150,7 +153,7 @@ def _parse_checked(
         t = row["timestamp"]
         if not (type(t) is int or type(t) is float) or not math.isfinite(t):
             raise TraceError(f"{p}: line {n}: timestamp: expected a number of milliseconds (got {t!r})")
-        if ts and t < ts[-1]:
+        if require_sorted and ts and t < ts[-1]:
             raise TraceError(
                 f"{p}: line {n}: timestamp {t!r} is earlier than the previous row's {ts[-1]!r} "
                 "(expected rows sorted by timestamp)"

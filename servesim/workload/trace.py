@@ -60,8 +60,11 @@ def detect_format(path: str | Path, format: str = "auto") -> str:
     return format
 
 
-def read_trace(path: str | Path, format: str = "auto", prefix_block_ids: bool = False) -> RawTrace:
+def read_trace(path: str | Path, format: str = "auto", prefix_block_ids: bool = False,
+               require_sorted: bool = True) -> RawTrace:
     """Parse a trace file into a :class:`RawTrace` (rows as written, file order), cached per file.
+
+    ``require_sorted`` False reads a file whose rows are not in time order (its lengths only are used).
 
     The result is cached by (resolved path, size, modification time, format), so a sweep that replays one
     trace parses it once per process; the cached arrays are read-only.
@@ -76,11 +79,11 @@ def read_trace(path: str | Path, format: str = "auto", prefix_block_ids: bool = 
     try:
         st = p.stat()
     except OSError:
-        return _parse(p, fmt, prefix_block_ids)  # raises the one-line error
-    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, fmt, prefix_block_ids)
+        return _parse(p, fmt, prefix_block_ids, require_sorted)  # raises the one-line error
+    key = (str(p.resolve()), st.st_size, st.st_mtime_ns, fmt, prefix_block_ids, require_sorted)
     raw = _CACHE.get(key)
     if raw is None:
-        raw = _parse(p, fmt, prefix_block_ids)
+        raw = _parse(p, fmt, prefix_block_ids, require_sorted)
         for a in (raw.time_s, raw.prompt_tokens, raw.output_tokens):
             a.flags.writeable = False
         _CACHE[key] = raw
@@ -97,15 +100,15 @@ _CACHE: OrderedDict[tuple, RawTrace] = OrderedDict()
 _CACHE_SIZE = 8
 
 
-def _parse(p: Path, fmt: str, prefix_block_ids: bool) -> RawTrace:
+def _parse(p: Path, fmt: str, prefix_block_ids: bool, require_sorted: bool = True) -> RawTrace:
     # each parser is imported only when a file of its format is read (start-up time of a run)
     if fmt == "azure":
         from servesim.workload.azure import read_azure_csv
 
-        return read_azure_csv(p)
+        return read_azure_csv(p, require_sorted)
     from servesim.workload.mooncake import read_mooncake_jsonl
 
-    return read_mooncake_jsonl(p, prefix_block_ids=prefix_block_ids)
+    return read_mooncake_jsonl(p, prefix_block_ids=prefix_block_ids, require_sorted=require_sorted)
 
 
 def bucket_width_s(time_s: np.ndarray) -> float | None:
