@@ -140,32 +140,33 @@ def check_output_file(path: str | Path, option: str = "--out", inputs: tuple = (
     return out
 
 
-#: Most bytes of an existing ``--out`` file read to tell whether a servesim command wrote it.
-_MARKER_SCAN_BYTES = 1 << 16
+#: Largest existing ``--out`` file read to tell whether a servesim command wrote it (bytes).
+_OWN_OUTPUT_MAX_BYTES = 1 << 26
 
 
-def remove_earlier_output_file(path: str | Path, written_by: str) -> None:
-    """Delete the file ``path`` if an earlier run of the command wrote it (its first
-    :data:`_MARKER_SCAN_BYTES` bytes hold ``written_by``, the mark the command puts in its output, e.g. a
-    calibrated card's ``calibrated by servesim calibrate``; runs of whitespace read as one space), and the
-    temporary files a killed write of it left, before the command computes its new version: if it then fails
-    or is interrupted, no earlier result is left looking like its own. Any other file there (the user's, an
-    input) is left as it is. Call it after :func:`check_output_file`.
+def remove_earlier_output_file(path: str | Path, source_mark: str) -> None:
+    """Delete the YAML file ``path`` if an earlier run of the command wrote it: a mapping whose ``source``
+    string holds ``source_mark`` (what the command writes there, e.g. a calibrated card's ``calibrated by
+    servesim calibrate``), with the temporary files a killed write of it left; before the command computes
+    its new version, so that if it then fails or is interrupted no earlier result is left looking like its
+    own. Any other file (the user's notes, a card of their own, an input) and its neighbours are left as
+    they are. Call it after :func:`check_output_file`.
 
     Raises:
         ConfigError: the file is the command's but cannot be removed (one line naming it).
     """
+    import yaml
+
     out = Path(path)
     try:
-        with open(out, "rb") as handle:
-            head = handle.read(_MARKER_SCAN_BYTES)
-    except OSError:  # missing (nothing to remove) or unreadable (not ours to judge)
-        head = b""
-    # whitespace runs as one space: YAML folds a long value's line at a space, and the mark may span the fold
-    if written_by.encode("utf-8") in b" ".join(head.split()):
+        if not out.is_file() or out.stat().st_size > _OWN_OUTPUT_MAX_BYTES:
+            return
+        data = yaml.safe_load(out.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, RecursionError):  # unreadable or not YAML: not ours
+        return
+    source = data.get("source") if isinstance(data, dict) else None
+    if isinstance(source, str) and source_mark in source:
         remove_stale(out.parent, [out.name])
-    else:
-        remove_temporary_files(out.parent, glob.escape(out.name))
 
 
 def remove_stale(folder: str | Path, names: list[str]) -> None:

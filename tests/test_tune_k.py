@@ -336,9 +336,22 @@ def test_cli_keeps_a_set_workload_length_key():
     from servesim.cli.tune_k import refuse_ignored_workload_keys
     from servesim.errors import ConfigError
 
-    used = ["workload.output_tokens.value", "workload.prompt_tokens", "workload.lengths.path", "workload.path",
-            "workload", "engine.max_num_seqs", "seed"]
+    used = ["workload.output_tokens.value=5", "workload.prompt_tokens={type: fixed, value: 10}",
+            "workload.lengths.path=x.csv", "workload.path=t.csv", "workload={type: trace, path: t.csv}",
+            "engine.max_num_seqs=8", "seed=1"]
     # the used keys pass; the one ignored key among them is the one the error names
     with pytest.raises(ConfigError, match=r"^--set workload\.rate: "):
-        refuse_ignored_workload_keys(used + ["workload.rate"] + used)
+        refuse_ignored_workload_keys(used + ["workload.rate=3"] + used)
     assert refuse_ignored_workload_keys(used) is None
+
+
+def test_a_whole_workload_set_runs_with_a_note_of_the_keys_tune_k_ignores(capsys):
+    # --set workload={type: closed_loop, concurrency: 64, ...} must hold concurrency to be a valid workload:
+    # refusing it left no way to set one; it runs, and the note says what tune-k ignores
+    from servesim.cli.tune_k import refuse_ignored_workload_keys
+
+    mapping = ("workload={type: closed_loop, concurrency: 64, requests_per_client: 2, "
+               "prompt_tokens: {type: fixed, value: 100}, output_tokens: {type: fixed, value: 50}}")
+    assert refuse_ignored_workload_keys([mapping]) is None
+    assert capsys.readouterr().err == ("servesim: note: --set workload: tune-k replaces the workload with closed "
+                                       "loops and ignores its concurrency, requests_per_client\n")

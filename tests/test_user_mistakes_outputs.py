@@ -33,8 +33,8 @@ def _earlier_outputs(out, command):
     for name in EARLIER_OUTPUTS[command]:
         (out / name).write_text("an earlier run\n")
     (out / "notes.txt").write_text("mine\n")
-    if command == "sweep":
-        (out / "sweep.json").write_text("{}\n")
+    if command == "sweep":  # the head of a sweep's manifest
+        (out / "sweep.json").write_text('{\n "source": "s.yaml",\n "columns": {},\n "points": [\n ]\n}\n')
     (out / "points").mkdir()
     (out / "points" / "abc-r0.json").write_text("{}\n")  # a sweep's stored run: kept, a rerun resumes
 
@@ -452,10 +452,15 @@ def test_a_failed_rerun_removes_the_earlier_output_file(tmp_path, capsys, comman
     assert main([*argv, str(bad)]) == 2
     assert "servesim: error: " in capsys.readouterr().err
     assert not out.exists() and list(out.parent.iterdir()) == []
-    # a file the command did not write (the user's notes) is left as it is when a run fails
-    out.write_text("my notes\n")
-    assert main([*argv, str(bad)]) == 2
-    assert out.read_text() == "my notes\n"
+    # a file the command did not write is left as it is when a run fails, also one that names the command,
+    # and so is a neighbour named like a temporary file of it
+    for mine in ("my notes\n", "# notes: run servesim acceptance and calibrated by servesim calibrate later\n",
+                 "name: mine\nsource: measured by me\n# calibrated by servesim calibrate? servesim acceptance? no\n"):
+        out.write_text(mine)
+        (out.parent / f".{out.name}.backup.tmp").write_text("mine too\n")
+        assert main([*argv, str(bad)]) == 2
+        assert out.read_text() == mine and (out.parent / f".{out.name}.backup.tmp").exists()
+    capsys.readouterr()
 
 
 def test_calibrate_refuses_an_out_that_is_its_input_card(tmp_path, capsys):
@@ -473,3 +478,35 @@ def test_calibrate_refuses_an_out_that_is_its_input_card(tmp_path, capsys):
     assert capsys.readouterr().err == (f"servesim: error: --out: {card} is the --hardware file (an input of this "
                                        "command); give another file path\n")
     assert card.read_bytes() == before
+
+
+def test_a_long_or_quoted_earlier_output_is_still_recognised_as_the_commands(tmp_path, capsys):
+    # the mark was looked for in the first 64 KB (a card with ~950 measured steps has it further down) and as
+    # written (a quoted, escaped YAML string splits it): the earlier file stayed, looking current
+    from servesim.atomic import remove_earlier_output_file
+
+    card = tmp_path / "card.yaml"
+    card.write_text("# " + "x" * 100_000 + "\nname: c\nsource: calibrated by servesim calibrate on 2026-12-07\n")
+    remove_earlier_output_file(card, "calibrated by servesim calibrate")
+    assert not card.exists()
+    profile = tmp_path / "p.yaml"
+    profile.write_text('name: p\nsource: "vllm-log donn\\xE9es.log via servesim\\\n  \\ acceptance"\n')
+    remove_earlier_output_file(profile, "servesim acceptance")
+    assert not profile.exists()
+
+
+def test_a_user_file_named_sweep_json_does_not_make_a_sweeps_folder(tmp_path, capsys):
+    # a failed sweep into a folder with the user's sweep.json deleted the user's summary.csv
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "sweep.json").write_text('{"mine": 1}\n')
+    (out / "summary.csv").write_text("my,data\n")
+    assert main(["sweep", str(tmp_path / "nosuch.yaml"), "--out", str(out)]) == 2
+    assert sorted(p.name for p in out.iterdir()) == ["summary.csv", "sweep.json"]
+    write_yaml(tmp_path / "c.yaml", SMALL)
+    sweep = write_yaml(tmp_path / "s.yaml", {"base": "c.yaml", "grid": {"engine.max_num_seqs": [8]}})
+    assert main(["sweep", str(sweep), "--out", str(out)]) == 2
+    assert capsys.readouterr().err.endswith(f"--out: {out} holds sweep.json, summary.csv but a sweep.json that is "
+                                            f"not a sweep's (not a sweep's folder); give {sweep} another folder, or "
+                                            "remove them first\n")
+    assert (out / "summary.csv").read_text() == "my,data\n"

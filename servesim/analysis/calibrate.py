@@ -492,8 +492,8 @@ def fit_summary(fit: CalibrationFit) -> list[str]:
     return lines
 
 
-#: What a calibrated card's ``source`` starts with: ``servesim calibrate --out`` removes an earlier file of it
-#: (and no other) before it fits again.
+#: What a calibrated card's ``source`` starts with: ``servesim calibrate --out`` removes an earlier card of its
+#: own (a YAML mapping whose ``source`` holds this), and no other file, before it fits again.
 CALIBRATED_MARK = "calibrated by servesim calibrate"
 
 

@@ -68,6 +68,12 @@ def _card_files(kind: Kind, dirs: tuple[Path, ...]) -> dict[str, Path]:
     return files
 
 
+def shipped_card_file(kind: Kind, name: str) -> Path | None:
+    """The file of the shipped card ``name`` (``kind`` ``"gpus"`` or ``"models"``, matched as a card name is
+    when loading), or None when no shipped card has that name."""
+    return _card_files(kind, cards_dirs()).get(normalize_card_name(name))
+
+
 @lru_cache(maxsize=None)
 def _parse_card_file(kind: Kind, path: Path) -> BaseModel:
     return _read_card(kind, _KIND_MODEL[kind], path)

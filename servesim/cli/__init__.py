@@ -446,10 +446,14 @@ def _sweep_figures(out: object) -> list[str]:
 
 
 def _is_sweep_folder(out: object) -> bool:
-    """Whether ``out`` is an existing folder holding a sweep's manifest (``sweep.json``)."""
+    """Whether ``out`` is an existing folder holding a sweep's manifest (``sweep.json``, as a sweep writes it)."""
     from pathlib import Path
 
-    return _existing_folder(out) and (Path(out) / "sweep.json").exists()
+    if not _existing_folder(out):
+        return False
+    from servesim.sweep.runner import is_sweep_manifest
+
+    return is_sweep_manifest(Path(out) / "sweep.json")
 
 
 def _replacing_earlier_outputs(out: object, names: tuple[str, ...]):

@@ -65,8 +65,14 @@ def run(args: argparse.Namespace) -> int:
         # before the fit: an unwritable --out fails at once, an input (a --data file, a card given by path)
         # is not replaced, and an earlier calibrated card there is removed (a fit that fails leaves none
         # looking current; any other file is left as it is)
-        check_output_file(args.out, inputs=(*(("--data", data) for data in args.data), ("--hardware", args.hardware),
-                                            ("--model", args.model)))
+        from servesim.cards.loading import shipped_card_file
+
+        cards = []
+        for option, spec, kind in (("--hardware", args.hardware, "gpus"), ("--model", args.model, "models")):
+            cards.append((option, spec))
+            if not Path(spec).exists():  # a card given by name: its shipped file, which --out would replace
+                cards.append((option, shipped_card_file(kind, spec)))
+        check_output_file(args.out, inputs=(*(("--data", data) for data in args.data), *cards))
         remove_earlier_output_file(args.out, CALIBRATED_MARK)
     hardware = load_hardware(args.hardware, source="--hardware")
     model = load_model(args.model, source="--model")

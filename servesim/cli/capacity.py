@@ -17,6 +17,7 @@ prints a table.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from servesim.cli import COMMAND_OUTPUTS
@@ -61,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     """
     from servesim.analysis.capacity import PER_REQUEST, CapacitySearch, capacity_frame, parse_slos
     from servesim.atomic import prepare_output_dir, replacing_outputs
-    from servesim.cli.run import parse_overrides, set_keys, set_leaf_keys
+    from servesim.cli.run import parse_overrides, set_keys
     from servesim.config.models import load_config
     from servesim.errors import ConfigError, naming_set_keys
     from servesim.sweep.tables import write_csv
@@ -82,11 +83,11 @@ def run(args: argparse.Namespace) -> int:
     overrides = parse_overrides(args.overrides, None)
     if args.replicas is not None:  # the search sets these at every point: a --set of one would be lost silently
         searched = ("deployment.replicas", "workload.rate", "workload.rate_scale")
-        given = [k for k in set_leaf_keys(args.overrides) for name in searched
-                 if k == name or k.startswith(name + ".")]
+        given = _set_of(set_keys(args.overrides), searched)
         if given:
             raise ConfigError(f"--replicas: searches deployment.replicas at the target rate (the workload's rate, "
                               f"or a trace's rate_scale), which --set gives too ({given[0]}): give one of them")
+        _note_replaced(args.overrides, searched, "--replicas")
     if args.max_requests is not None:
         if args.max_requests < 1:
             raise ConfigError(f"--max-requests: expected >= 1 (got {args.max_requests})")
@@ -99,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
         if cfg0.workload.type in ("poisson", "gamma"):
             replaced.append(("workload.duration_s", None))
         # a --set of one of these keys would be replaced silently (the later value wins)
-        given = [name for name, _ in replaced for k in set_leaf_keys(args.overrides)
-                 if k == name or k.startswith(name + ".")]
+        given = _set_of(set_keys(args.overrides), [name for name, _ in replaced])
         if given:
             raise ConfigError(f"--max-requests: replaces {given[0]}, which --set gives too (give one of them)")
+        _note_replaced(args.overrides, [name for name, _ in replaced], "--max-requests")
         overrides.extend(replaced)
     cfg, folder = load_config(args.config, overrides, set_keys=set_keys(args.overrides))
     out = prepare_output_dir(args.out)  # before the search: an unwritable --out fails at once
@@ -132,6 +133,23 @@ def run(args: argparse.Namespace) -> int:
     print(format_result(result, search))
     print(f"wrote {out / 'capacity.csv'}, {out / 'slo_attainment.csv'}, {out / 'slo_attainment.png'}")
     return 0 if result.capacity is not None else 1
+
+
+def _set_of(keys: list[str], names) -> list[str]:
+    """The names among ``names`` (dotted keys) that ``keys`` set, themselves or below them."""
+    return [name for key in keys for name in names if key == name or key.startswith(name + ".")]
+
+
+def _note_replaced(assignments: list[str], names, option: str) -> None:
+    """A note on stderr naming the keys of ``names`` that a whole mapping ``--set`` (``workload={...}``) holds
+    and ``option`` replaces: such a mapping may need them to be valid, so it runs, but not silently."""
+    from servesim.cli.run import set_keys, set_leaf_keys
+
+    given = set_keys(assignments)
+    inside = _set_of([key for key in set_leaf_keys(assignments) if key not in given], names)
+    if inside:
+        print(f"servesim: note: {option} replaces {', '.join(dict.fromkeys(inside))} of the mapping --set gives",
+              file=sys.stderr, flush=True)
 
 
 def format_result(result, search) -> str:

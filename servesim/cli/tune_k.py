@@ -76,22 +76,33 @@ def parse_batch_sizes(text: str | None) -> list[int] | None:
 WORKLOAD_KEYS_USED = ("type", "prompt_tokens", "output_tokens", "lengths", "path", "format")
 
 
-def refuse_ignored_workload_keys(keys: list[str]) -> None:
+def _ignored(key: str) -> bool:
+    parts = key.split(".")
+    return parts[0] == "workload" and len(parts) > 1 and parts[1] not in WORKLOAD_KEYS_USED
+
+
+def refuse_ignored_workload_keys(assignments: list[str]) -> None:
     """Refuse a ``--set workload.KEY`` that tune-k's closed loops would ignore (its rate, request count,
-    arrival process...), which had run silently as if it were applied.
+    arrival process...), which had run silently as if it were applied; a whole ``--set workload={...}``
+    (which must hold such keys to be a valid workload) runs, with a note on stderr naming those it ignores.
 
     Raises:
         ConfigError: one line naming the key and what tune-k uses instead.
     """
+    from servesim.cli.run import set_keys, set_leaf_keys
     from servesim.errors import ConfigError
 
-    for key in keys:
-        parts = key.split(".")
-        if parts[0] == "workload" and len(parts) > 1 and parts[1] not in WORKLOAD_KEYS_USED:
+    given = set_keys(assignments)
+    for key in given:
+        if _ignored(key):
             raise ConfigError(
                 f"--set {key}: tune-k replaces the workload with closed loops (--batch-sizes clients, "
                 "--requests-per-client requests each) and keeps only its "
                 + ", ".join(WORKLOAD_KEYS_USED[1:]) + " (a trace's pairs): this key would have no effect")
+    inside = [key for key in set_leaf_keys(assignments) if key not in given and _ignored(key)]
+    if inside:
+        print(f"servesim: note: --set workload: tune-k replaces the workload with closed loops and ignores its "
+              f"{', '.join(key.split('.', 1)[1] for key in inside)}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
     from servesim.analysis.capacity import parse_slos
     from servesim.analysis.tune_k import tune_k
     from servesim.atomic import prepare_output_dir, replacing_outputs
-    from servesim.cli.run import parse_overrides, set_keys, set_leaf_keys
+    from servesim.cli.run import parse_overrides, set_keys
     from servesim.config.models import load_config
     from servesim.errors import naming_set_keys
     from servesim.sweep.executors import open_executor
@@ -113,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
 
     slos = parse_slos(args.slo)
     sizes = parse_batch_sizes(args.batch_sizes)
-    refuse_ignored_workload_keys(set_leaf_keys(args.overrides))  # workload={...} too, key by key
+    refuse_ignored_workload_keys(args.overrides)
     cfg, folder = load_config(args.config, parse_overrides(args.overrides, None), set_keys=set_keys(args.overrides))
     out = prepare_output_dir(args.out)  # before the simulations: an unwritable --out fails at once
 

@@ -168,6 +168,21 @@ def _load(sweep: str | Path | SweepConfig | LoadedSweep) -> LoadedSweep:
     return load_sweep(sweep)
 
 
+#: Bytes of a ``sweep.json`` read to tell a sweep's manifest from another file of that name.
+_MANIFEST_HEAD_BYTES = 1 << 20
+
+
+def is_sweep_manifest(path: Path) -> bool:
+    """Whether ``path`` is a sweep's ``sweep.json`` as :func:`_write_manifest` writes it (a JSON object whose
+    head names the sweep's ``source`` and ``columns``), not merely a file of that name."""
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(_MANIFEST_HEAD_BYTES)
+    except OSError:
+        return False
+    return head.lstrip().startswith(b"{") and b'"source":' in head and b'"columns":' in head
+
+
 def check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
     """Refuse an output folder that holds another sweep's runs (its ``sweep.json`` names a sweep file of
     another name): the new sweep would replace the tables and leave the other's runs in ``points/``. A
@@ -187,11 +202,12 @@ def check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
         raise OutputFolderRefused(f"--out: {points} is a file; a sweep keeps its stored runs in the folder points/ "
                                   "there: give another folder, or move that file")
     manifest = out_dir / "sweep.json"
-    if not manifest.exists():
-        found = [name for name in (*SWEEP_TABLES, "failures.csv") if (out_dir / name).exists()]
+    if not is_sweep_manifest(manifest):
+        found = [name for name in ("sweep.json", *SWEEP_TABLES, "failures.csv") if (out_dir / name).exists()]
         found += plot_figures(out_dir) if out_dir.is_dir() else []
         if found:
-            raise OutputFolderRefused(f"--out: {out_dir} holds {', '.join(found)} but no sweep.json (not a sweep's "
+            what = "a sweep.json that is not a sweep's" if manifest.exists() else "no sweep.json"
+            raise OutputFolderRefused(f"--out: {out_dir} holds {', '.join(found)} but {what} (not a sweep's "
                                       f"folder); give {sweep.source} another folder, or remove them first")
         return
     try:
