@@ -415,6 +415,10 @@ def test_a_folder_with_sweep_outputs_but_no_manifest_is_refused(tmp_path, capsys
     assert str(info.value) == (f"--out: {out / 'points'} is a file; a sweep keeps its stored runs in the folder "
                                "points/ there: give another folder, or move that file")
     (out / "points").unlink()
+    (out / "points").symlink_to(tmp_path / "nowhere")  # a dangling link: said the same way
+    with pytest.raises(ConfigError, match=r"points is a file; a sweep keeps its stored runs"):
+        run_sweep(sweep, out, progress=False, simulate=fake_simulate)
+    (out / "points").unlink()
     # a folder of unrelated files only is a sweep's to write into, as an empty one
     (out / "summary.csv").unlink()
     (out / "latency_vs_throughput.png").unlink()

@@ -198,7 +198,7 @@ def check_same_sweep(out_dir: Path, sweep: LoadedSweep) -> None:
             is touched).
     """
     points = out_dir / "points"
-    if points.exists() and not points.is_dir():
+    if (points.exists() or points.is_symlink()) and not points.is_dir():  # a file, or a link to none
         raise OutputFolderRefused(f"--out: {points} is a file; a sweep keeps its stored runs in the folder points/ "
                                   "there: give another folder, or move that file")
     manifest = out_dir / "sweep.json"
