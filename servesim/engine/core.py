@@ -1045,37 +1045,67 @@ class Engine:
         preempted = 0
         p = self.partial
         decoding = self.decoding
+        finishing = self.finishing
+        # with prefix caching, the block manager must see each victim freed into the pool as vLLM has it
+        # then: the requests ahead of the first allocation that fails have taken their blocks (vLLM's
+        # allocate_slots takes nothing from a request it cannot serve). Its free queue pops uncached blocks
+        # first, so freeing a victim before those allocations would make them take the victim's blocks instead
+        order: list[int] = []
+        needs: list[int] = []
+        if self.prefix_caching:
+            for r in self.running:
+                if r != p:
+                    order.append(r)
+                    if r in finishing:  # async: allocates only when scheduled once more
+                        needs.append(zombies[r][2] if zombies and r in zombies else 0)
+                    else:
+                        needs.append(decoding.need_at(r, g))
+        pos, pool = 0, free
+
+        def pool_at_failure() -> int:
+            """The pool left when the next allocation in admission order fails (the earlier ones taken)."""
+            nonlocal pos, pool
+            while pos < len(order) and needs[pos] <= pool:
+                pool -= needs[pos]
+                pos += 1
+            return pool
+
         if p is not None and (new_blocks > free or (partial_scheduled and new_blocks + need_partial > free)):
-            if self.prefix_caching and new_blocks <= free:
-                self.kv.sync(free - new_blocks)  # the decoders allocated before the partial prefill failed to
+            if self.prefix_caching:
+                # the decoders allocated before the partial prefill failed to (all of them if they fit)
+                self.kv.sync(free - new_blocks if new_blocks <= free else pool_at_failure())
             self.partial = None
             partial_scheduled = False
-            free += self._preempt(p)
+            freed = self._preempt(p)
+            free += freed
+            pool += freed
             preempted += 1
         if new_blocks > free:
-            # Step mode frees each victim when the pool is empty, so every block free before it is taken
-            # first; freeing the victims before the decoders' allocations leaves the same queue.
-            finishing = self.finishing
+            # the victims are the last running requests, each preempted when an allocation fails
             for v in list(reversed(self.running)):
                 if v == p:
                     continue
+                if self.prefix_caching:
+                    self.kv.sync(pool_at_failure())
                 if v in finishing:  # async: finished in the previous step, skipped or scheduled once more
                     if zombies and v in zombies:
                         _, _, need = zombies.pop(v)
                         new_blocks -= need
                     self.free_blocks = free
-                    free += self._preempt(v)
-                    preempted += 1
-                    if new_blocks <= free:
-                        break
-                    continue
-                last = self.stale.pop(v, now)
-                new_blocks -= decoding.need_at(v, g)
-                decoding.leave(v, g)
-                self.last_emit_ps[v] = last
-                self.free_blocks = free
-                free += self._preempt(v)
+                    freed = self._preempt(v)
+                else:
+                    last = self.stale.pop(v, now)
+                    new_blocks -= decoding.need_at(v, g)
+                    decoding.leave(v, g)
+                    self.last_emit_ps[v] = last
+                    self.free_blocks = free
+                    freed = self._preempt(v)
+                free += freed
                 preempted += 1
+                if order:  # the victim is the last in admission order
+                    order.pop()
+                    needs.pop()
+                    pool += freed
                 if new_blocks <= free:
                     break
         self.free_blocks = free
