@@ -245,12 +245,11 @@ def prepare(cfg: SimConfig, folder: Path, root: np.random.SeedSequence) -> Prepa
         )
     # the context terms of the longest step a run can take: every block of the cache attended, but no request
     # beyond max_model_len (at most max_num_seqs of them), and each scheduled token over at most that many keys
-    context_cap = context_len
     kv_tokens = blocks * e.block_size
     keys_per_token = kv_tokens
-    if context_cap is not None:
-        kv_tokens = min(kv_tokens, seqs * context_cap)
-        keys_per_token = min(keys_per_token, context_cap)
+    if context_len is not None:
+        kv_tokens = min(kv_tokens, seqs * context_len)
+        keys_per_token = min(keys_per_token, context_len)
     longest = step_time.step_subps(budget, min(seqs, budget), kv_tokens, budget * keys_per_token, seqs) / SUBPS_PER_S
     if drafter is not None:
         longest += drafter.step_subps(budget, min(seqs, budget), spec.num_speculative_tokens, kv_tokens) / SUBPS_PER_S

@@ -143,10 +143,9 @@ def _set_of(keys: list[str], names) -> list[str]:
 def _note_replaced(assignments: list[str], names, option: str) -> None:
     """A note on stderr naming the keys of ``names`` that a whole mapping ``--set`` (``workload={...}``) holds
     and ``option`` replaces: such a mapping may need them to be valid, so it runs, but not silently."""
-    from servesim.cli.run import set_keys, set_leaf_keys
+    from servesim.cli.run import mapping_set_keys
 
-    given = set_keys(assignments)
-    inside = _set_of([key for key in set_leaf_keys(assignments) if key not in given], names)
+    inside = _set_of(mapping_set_keys(assignments), names)
     if inside:
         print(f"servesim: note: {option} replaces {', '.join(dict.fromkeys(inside))} of the mapping --set gives",
               file=sys.stderr, flush=True)

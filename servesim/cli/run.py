@@ -121,23 +121,25 @@ def set_keys(assignments: list[str]) -> list[str]:
     return [text.split("=", 1)[0].strip() for text in assignments]
 
 
-def set_leaf_keys(assignments: list[str]) -> list[str]:
-    """The dotted keys ``--set KEY=VALUE`` assignments give, each with the keys inside a mapping value
-    (``workload={type: poisson, rate: 9}`` gives ``workload``, ``workload.type`` and ``workload.rate``): what
-    a command that replaces or ignores a key checks, whichever form set it."""
+def mapping_set_keys(assignments: list[str]) -> list[str]:
+    """The dotted keys that ``--set KEY=VALUE`` assignments give only inside a mapping value
+    (``workload={type: poisson, rate: 9}`` gives ``workload.type`` and ``workload.rate``), not as a key of their
+    own: what a command that replaces or ignores a key notes rather than refuses (such a mapping may need the
+    key to be a valid config)."""
     from servesim.config.overrides import parse_assignment
 
     def leaves(prefix: str, value) -> list[str]:
-        keys = [prefix]
+        keys = []
         if isinstance(value, dict):
             for name, item in value.items():
-                keys += leaves(f"{prefix}.{name}", item)
+                keys += [f"{prefix}.{name}"] + leaves(f"{prefix}.{name}", item)
         return keys
 
+    given = set(set_keys(assignments))
     found: list[str] = []
     for text in assignments:
         key, value = parse_assignment(text)
-        found += leaves(key, value)
+        found += [leaf for leaf in leaves(key, value) if leaf not in given]
     return found
 
 

@@ -89,17 +89,16 @@ def refuse_ignored_workload_keys(assignments: list[str]) -> None:
     Raises:
         ConfigError: one line naming the key and what tune-k uses instead.
     """
-    from servesim.cli.run import set_keys, set_leaf_keys
+    from servesim.cli.run import mapping_set_keys, set_keys
     from servesim.errors import ConfigError
 
-    given = set_keys(assignments)
-    for key in given:
+    for key in set_keys(assignments):
         if _ignored(key):
             raise ConfigError(
                 f"--set {key}: tune-k replaces the workload with closed loops (--batch-sizes clients, "
                 "--requests-per-client requests each) and keeps only its "
                 + ", ".join(WORKLOAD_KEYS_USED[1:]) + " (a trace's pairs): this key would have no effect")
-    inside = [key for key in set_leaf_keys(assignments) if key not in given and _ignored(key)]
+    inside = [key for key in mapping_set_keys(assignments) if _ignored(key)]
     if inside:
         print(f"servesim: note: --set workload: tune-k replaces the workload with closed loops and ignores its "
               f"{', '.join(key.split('.', 1)[1] for key in inside)}", file=sys.stderr, flush=True)
